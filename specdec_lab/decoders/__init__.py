@@ -1,0 +1,1 @@
+"""Decoders: each takes prompt token ids and returns a `GenerationResult`."""

@@ -1,0 +1,128 @@
+"""Speculative decoding (Leviathan et al. 2023; Chen et al. 2023): draft, verify in one target
+forward pass, keep the longest accepted prefix plus one token of the target's own.
+
+Greedy: a draft token is accepted while it equals the target's argmax.
+Sampling: accept draft token x with probability min(1, p(x)/q(x)); on the first rejection sample
+from norm(max(0, p - q)); if all k are accepted, sample a bonus token from p. The output then
+follows the target's distribution exactly, whatever the draft.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import torch
+
+from specdec_lab.decoders.autoregressive import prefill
+from specdec_lab.decoders.candidates import CandidateGenerator, Candidates
+from specdec_lab.decoders.common import (
+    as_token_list, check_max_new_tokens, clock, cut_at_stop, forward, new_cache, stop_token_ids, truncate_cache,
+)
+from specdec_lab.memory import PeakMemory
+from specdec_lab.result import GenerationResult
+from specdec_lab.sampling import GREEDY, Sampling, next_token, probabilities, sample
+
+
+def accept_greedy(target_logits: torch.Tensor, candidates: list[int]) -> tuple[int, int]:
+    """(number of candidates accepted, the target's next token after them)."""
+    target_choice = target_logits.argmax(-1).tolist()
+    accepted = 0
+    while accepted < len(candidates) and candidates[accepted] == target_choice[accepted]:
+        accepted += 1
+    return accepted, target_choice[accepted]
+
+
+def _pad_vocab(probs: torch.Tensor, size: int) -> torch.Tensor:
+    """Zero probability for ids a model's (padded or smaller) head does not cover."""
+    return torch.nn.functional.pad(probs, (0, size - probs.shape[-1]))
+
+
+def accept_sampled(
+    target_logits: torch.Tensor, candidates: Candidates, sampling: Sampling, rng: torch.Generator | None
+) -> tuple[int, int]:
+    """Rejection sampling over the block; returns (accepted, next token)."""
+    p = probabilities(target_logits, sampling)  # (n + 1, vocab_target)
+    n = len(candidates.token_ids)
+    ids = torch.tensor(candidates.token_ids, dtype=torch.long, device=p.device)
+    if candidates.probs is None:  # deterministic proposal: q is one-hot on the proposed token
+        q = torch.zeros(n, p.shape[-1], device=p.device).scatter_(1, ids[:, None], 1.0)
+    else:
+        q = candidates.probs.to(p.device)
+    vocab = max(p.shape[-1], q.shape[-1])
+    p, q = _pad_vocab(p, vocab), _pad_vocab(q, vocab)
+
+    for i in range(n):
+        x = ids[i]
+        accept_probability = torch.clamp(p[i, x] / q[i, x], max=1.0)
+        if torch.rand((), generator=rng, device=p.device) < accept_probability:
+            continue
+        residual = torch.clamp(p[i] - q[i], min=0.0)
+        # p(x) < q(x) on rejection, so the residual has mass; the guard covers rounding only
+        residual = residual / residual.sum() if residual.sum() > 0 else p[i]
+        return i, int(sample(residual, rng))
+    return n, int(sample(p[n], rng))
+
+
+def speculative_step(
+    target, target_cache, tokens: list[int], candidates: Candidates, sampling: Sampling, rng
+) -> tuple[int, int]:
+    """Verify `candidates` after `tokens` in one target forward; roll the target cache back to the
+    accepted prefix. The cache holds every token but the last on entry and on exit."""
+    block = [tokens[-1], *candidates.token_ids]
+    logits = forward(target, block, target_cache, logits_to_keep=len(block))
+    if sampling.greedy:
+        accepted, token = accept_greedy(logits, candidates.token_ids)
+    else:
+        accepted, token = accept_sampled(logits, candidates, sampling, rng)
+    truncate_cache(target_cache, len(tokens) + accepted)
+    return accepted, token
+
+
+@torch.inference_mode()
+def generate(
+    target,
+    candidate_generator: CandidateGenerator,
+    prompt_ids,
+    max_new_tokens: int,
+    sampling: Sampling = GREEDY,
+    stop_ids: Iterable[int] | None = None,
+) -> GenerationResult:
+    """Speculative decoding of one prompt with any candidate generator (draft model, prompt lookup)."""
+    prompt_ids = as_token_list(prompt_ids)
+    check_max_new_tokens(max_new_tokens)
+    stop_ids = stop_token_ids(target) if stop_ids is None else frozenset(stop_ids)
+    device = target.device
+    rng = None if sampling.greedy else sampling.generator(device)
+    target_cache = new_cache(target)
+    candidate_generator.reset()  # no state from an earlier prompt
+    accepted_per_step, proposed_per_step = [], []
+
+    with PeakMemory(device) as memory:
+        start = clock(device)
+        first = next_token(prefill(target, prompt_ids, target_cache), sampling, rng)
+        first_token_time = clock(device) - start
+        tokens, generated, stopped = prompt_ids + [first], [first], first in stop_ids
+        while not stopped and len(generated) < max_new_tokens:
+            # at most (left - 1) candidates, so candidates + the target's own token still fit
+            left = max_new_tokens - len(generated)
+            candidates = candidate_generator.propose(tokens, left - 1, sampling, rng)
+            accepted, token = speculative_step(target, target_cache, tokens, candidates, sampling, rng)
+            new_tokens, stopped = cut_at_stop(candidates.token_ids[:accepted] + [token], stop_ids)
+            tokens += new_tokens
+            generated += new_tokens
+            candidate_generator.update(tokens, accepted, len(candidates.token_ids))
+            accepted_per_step.append(accepted)
+            proposed_per_step.append(len(candidates.token_ids))
+        wall_time = clock(device) - start
+
+    return GenerationResult(
+        prompt_length=len(prompt_ids),
+        tokens=generated,
+        accepted_per_step=accepted_per_step,
+        proposed_per_step=proposed_per_step,
+        target_forwards=1 + len(accepted_per_step),
+        draft_forwards=candidate_generator.forwards,
+        wall_time_s=wall_time,
+        time_to_first_token_s=first_token_time,
+        peak_memory_bytes=memory.peak_bytes,
+    )

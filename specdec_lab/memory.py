@@ -1,0 +1,67 @@
+"""Peak memory while a piece of code runs: CUDA max allocated, or the CPU process's peak RSS."""
+
+from __future__ import annotations
+
+import os
+import threading
+
+import torch
+
+_PAGE_BYTES = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
+
+
+def rss_bytes() -> int:
+    """Resident set size of this process now (Linux /proc; 0 where unavailable)."""
+    try:
+        with open("/proc/self/statm") as handle:
+            return int(handle.read().split()[1]) * _PAGE_BYTES
+    except (OSError, IndexError, ValueError):
+        return 0
+
+
+class PeakMemory:
+    """Context manager: `.peak_bytes` after exit.
+
+    ru_maxrss is the peak of the whole process lifetime, useless per call, so on CPU a daemon
+    thread samples RSS every `interval_s` while the block runs.
+    """
+
+    def __init__(self, device: torch.device | str = "cpu", interval_s: float = 0.01):
+        self.device = torch.device(device)
+        self.interval_s = interval_s
+        self.peak_bytes = 0
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def __enter__(self) -> "PeakMemory":
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+            torch.cuda.reset_peak_memory_stats(self.device)
+        else:
+            self.peak_bytes = rss_bytes()
+            self._thread = threading.Thread(target=self._sample, daemon=True)
+            self._thread.start()
+        return self
+
+    def _sample(self) -> None:
+        while not self._stop.wait(self.interval_s):
+            self.peak_bytes = max(self.peak_bytes, rss_bytes())
+
+    def __exit__(self, *exc) -> None:
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+            self.peak_bytes = int(torch.cuda.max_memory_allocated(self.device))
+        else:
+            self._stop.set()
+            self._thread.join()
+            self.peak_bytes = max(self.peak_bytes, rss_bytes())
+
+
+def kv_cache_bytes(cache) -> int:
+    """Bytes held by a transformers cache object's key and value tensors."""
+    total = 0
+    for layer in getattr(cache, "layers", []):
+        for tensor in (getattr(layer, "keys", None), getattr(layer, "values", None)):
+            if isinstance(tensor, torch.Tensor):
+                total += tensor.numel() * tensor.element_size()
+    return total
