@@ -6,6 +6,8 @@ transformers folder, or a path to a .gguf file. Everything returns a `LoadedMode
 
 from __future__ import annotations
 
+import gc
+import logging
 import re
 import warnings
 from dataclasses import dataclass
@@ -22,6 +24,7 @@ DTYPES = {
 }
 DEVICES = ("cpu", "cuda", "auto")
 QUANTIZATIONS = (None, "nf4", "fp4", "int8", "torch-int8")
+BITSANDBYTES_QUANTIZATIONS = ("nf4", "fp4", "int8")  # "int8" = LLM.int8 (int8 weights, fp16 outliers)
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.\-]*/[\w.\-]+$")
 
 
@@ -39,7 +42,7 @@ class LoadedModel:
 
     @property
     def weight_bytes(self) -> int:
-        return int(self.model.get_memory_footprint())
+        return weight_bytes(self.model)
 
 
 def parse_dtype(dtype: str | torch.dtype) -> torch.dtype:
@@ -66,6 +69,83 @@ def resolve(spec: str) -> tuple[str, dict]:
     if _HUB_ID.match(spec) and not spec.startswith((".", "/")):
         return spec, {}
     raise ValueError(zoo.unknown_model_message(spec))
+
+
+class _DropRepeatedBitsandbytesLogs(logging.Filter):
+    """bitsandbytes logs one warning per LLM.int8 matmul on CPU (tens of thousands of lines per
+    generation: the activations are cast to float16, which is how LLM.int8 works anyway) and one at
+    import about an optional CPU kernel package ('kernels') that is fetched from the Hugging Face hub
+    and is not needed. Both say nothing a result depends on; everything else still gets through."""
+
+    NOISE = ("MatMul8bitLt: inputs will be cast", "Failed to load CPU gemm_4bit_forward")
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not str(record.msg).startswith(self.NOISE)
+
+
+def quiet_bitsandbytes() -> None:
+    """Install the filter on the loggers that emit the noise (a logger's filter sees only its own
+    records, not its children's). Idempotent; runs at import, before bitsandbytes is first imported."""
+    for name in ("bitsandbytes.autograd._functions", "bitsandbytes.backends.cpu.ops"):
+        logger = logging.getLogger(name)
+        if not any(isinstance(f, _DropRepeatedBitsandbytesLogs) for f in logger.filters):
+            logger.addFilter(_DropRepeatedBitsandbytesLogs())
+
+
+quiet_bitsandbytes()
+
+
+def _device_type(device: str) -> str:
+    if device == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    return device
+
+
+def check_quantization(quantization: str | None, dtype: torch.dtype, device: str, double_quant: bool = False,
+                       gguf: bool = False) -> None:
+    """Refuse, before anything loads, the combinations that cannot run or would carry a false label."""
+    if quantization not in QUANTIZATIONS:
+        raise ValueError(f"unknown quantization {quantization!r}: use one of {QUANTIZATIONS} "
+                         "(int8 = bitsandbytes LLM.int8, torch-int8 = torch.ao dynamic int8)")
+    if double_quant and quantization not in ("nf4", "fp4"):
+        raise ValueError(f"double_quant applies to 4-bit quantization (nf4, fp4) only, not {quantization!r}: "
+                         "set double_quant=False")
+    if quantization == "torch-int8":
+        if _device_type(device) != "cpu":
+            raise ValueError(f"quantization 'torch-int8' (torch.ao dynamic int8) has CPU kernels only, but device is "
+                             f"{device!r}: use device='cpu', or 'int8' (LLM.int8) / 'nf4' (bitsandbytes) on CUDA")
+        if dtype != torch.float32:
+            raise ValueError(f"quantization 'torch-int8' multiplies float32 activations with int8 weights (its kernels "
+                             f"take float32 only), so dtype {dtype} would be a false label: use dtype='float32'")
+    if quantization in BITSANDBYTES_QUANTIZATIONS:
+        if gguf:
+            raise ValueError(f"quantization {quantization!r} of a .gguf file: transformers cannot dequantize a GGUF "
+                             "and quantize it with bitsandbytes in one load. Use the zoo name (a converted folder) "
+                             "or convert it first with zoo.convert_gguf(gguf_path, folder)")
+        try:
+            import bitsandbytes
+        except ImportError as error:
+            raise ImportError(f"quantization {quantization!r} needs bitsandbytes: pip install bitsandbytes "
+                              "(or use quantization='torch-int8' on CPU)") from error
+        supported = getattr(bitsandbytes, "supported_torch_devices", {"cuda"})  # older versions: CUDA only
+        if _device_type(device) not in supported:
+            raise ValueError(f"bitsandbytes {bitsandbytes.__version__} cannot run {quantization!r} on "
+                             f"{_device_type(device)!r} (it supports {sorted(supported)}): use a CUDA device, "
+                             "upgrade bitsandbytes (CPU support from 0.46), or use 'torch-int8' on CPU")
+
+
+def weight_bytes(model: torch.nn.Module) -> int:
+    """Bytes of the weights: transformers' get_memory_footprint (parameters + buffers), plus the
+    int8 weights of torch.ao dynamic-quantized Linear layers, which live in packed C++ objects
+    that are neither parameters nor buffers (get_memory_footprint alone misses them)."""
+    total = int(model.get_memory_footprint())
+    for module in model.modules():
+        packed = getattr(module, "_packed_params", None)
+        if packed is not None and hasattr(packed, "_weight_bias"):
+            weight, bias = packed._weight_bias()
+            total += weight.numel() * weight.element_size()
+            total += 0 if bias is None else bias.numel() * bias.element_size()
+    return total
 
 
 def quantization_config(quantization: str | None, compute_dtype: torch.dtype, double_quant: bool = False):
@@ -99,6 +179,7 @@ def load(
     torch_dtype = parse_dtype(dtype)
     if device not in DEVICES:
         raise ValueError(f"unknown device {device!r}: use one of {DEVICES}")
+    check_quantization(quantization, torch_dtype, device, double_quant, gguf=str(spec).endswith(".gguf"))
     if device == "cuda" and not torch.cuda.is_available():
         raise RuntimeError("device 'cuda' asked for, but torch sees no CUDA GPU: use device: cpu")
     source, extra = resolve(spec)
@@ -120,15 +201,36 @@ def load(
             ) from error
     if quantization == "torch-int8":
         model = torch_int8(model)
+    if quantization is not None and _device_type(device) == "cpu":
+        own_float_tensors(model)
+        gc.collect()  # the replaced float modules sit in reference cycles; free them (and the mapping) now
     model.eval()
     return LoadedModel(name=spec, model=model, tokenizer=tokenizer, dtype=torch_dtype, quantization=quantization)
 
 
 def torch_int8(model: torch.nn.Module) -> torch.nn.Module:
-    """torch's dynamic int8 weight quantization of every nn.Linear (a CPU backend)."""
+    """torch's dynamic int8 weight quantization of every nn.Linear (a CPU backend): weights int8 per
+    tensor, activations quantized on the fly per call; everything else (embeddings, norms, attention,
+    the KV cache) stays float32."""
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # torch.ao.quantization is deprecated in favour of torchao
-        return torch.ao.quantization.quantize_dynamic(model.float(), {torch.nn.Linear}, dtype=torch.qint8)
+        # inplace: a copy would hold a second float32 model in memory while quantizing
+        return torch.ao.quantization.quantize_dynamic(model.float(), {torch.nn.Linear}, dtype=torch.qint8,
+                                                      inplace=True)
+
+
+def own_float_tensors(model: torch.nn.Module) -> None:
+    """Copy the float tensors a quantized CPU model kept from the checkpoint into memory it owns.
+
+    A float32 load maps the safetensors file and its tensors (here: the embeddings, which are not
+    quantized) point into that mapping, which keeps the whole file mapped; every page read while
+    quantizing the other weights then stays resident and counts in the process's RSS (for a 1.5B
+    model, gigabytes of weights the quantized model no longer uses). The copy releases the mapping.
+    """
+    with torch.no_grad():
+        for tensor in [*model.parameters(), *model.buffers()]:
+            if tensor.is_floating_point() and tensor.device.type == "cpu":
+                tensor.data = tensor.data.clone()
 
 
 def check_same_tokenizer(target_tokenizer, draft_tokenizer, target_name: str = "target", draft_name: str = "draft") -> None:

@@ -1,6 +1,7 @@
 """Candidate generators: who proposes the tokens the target verifies.
 
-One small interface (after transformers' candidate_generator.py): `reset()` before a prompt,
+One small interface (after transformers' candidate_generator.py): `reset(vocab_size)` before a
+prompt (the target's output size),
 `propose()` up to k tokens with the distributions they were drawn from, `update()` with how many
 the target accepted. A draft model and prompt lookup plug in behind it.
 """
@@ -27,7 +28,7 @@ class Candidates:
 class CandidateGenerator(Protocol):
     forwards: int  # model forward passes spent proposing since reset()
 
-    def reset(self) -> None: ...
+    def reset(self, vocab_size: int) -> None: ...
 
     def propose(self, tokens: list[int], max_candidates: int, sampling: Sampling,
                 rng: torch.Generator | None) -> Candidates: ...
@@ -68,9 +69,12 @@ class DraftModelCandidates:
         self.model = model
         self.length = DraftLength(k, schedule)
         self.confidence_threshold = confidence_threshold
-        self.reset()
+        self.reset(vocab_size=None)
 
-    def reset(self) -> None:
+    def reset(self, vocab_size: int | None) -> None:
+        # A draft's head may be padded past the target's (same tokenizer, other matrix size):
+        # it must never propose an id the target has no row for, so its logits are cut there.
+        self.vocab_size = vocab_size
         self.cache = new_cache(self.model)
         self.cached_length = 0
         self.forwards = 0
@@ -83,7 +87,7 @@ class DraftModelCandidates:
         proposed, distributions = [], []
         pending = tokens[self.cached_length:]
         for _ in range(k):
-            logits = forward(self.model, pending, self.cache, logits_to_keep=1)[-1]
+            logits = forward(self.model, pending, self.cache, logits_to_keep=1)[-1, : self.vocab_size]
             self.forwards += 1
             self.cached_length += len(pending)
             q = probabilities(logits, sampling)
@@ -113,7 +117,7 @@ class PromptLookupCandidates:
         self.max_ngram, self.min_ngram = max_ngram, min_ngram
         self.forwards = 0
 
-    def reset(self) -> None:
+    def reset(self, vocab_size: int | None = None) -> None:
         self.forwards = 0
 
     def propose(self, tokens, max_candidates, sampling, rng) -> Candidates:

@@ -94,7 +94,7 @@ def generate(
     device = target.device
     rng = None if sampling.greedy else sampling.generator(device)
     target_cache = new_cache(target)
-    candidate_generator.reset()  # no state from an earlier prompt
+    candidate_generator.reset(vocab_size=target.config.vocab_size)  # no state from an earlier prompt
     accepted_per_step, proposed_per_step = [], []
 
     with PeakMemory(device) as memory:

@@ -1,0 +1,117 @@
+"""CLLM losses (Kou et al. 2024, section 3.2): consistency + AR.
+
+Consistency: at a Jacobi state y (a block on its way to the fixed point y*), the model's next-token
+distributions over the block should already be the ones it has at y*: KL(p(.|x, y*_<i) || p(.|x, y_<i)),
+the target detached. Positions inside the state's converged prefix are masked: their context equals
+the fixed point's, so they carry no signal (this is what the reference code masks). "global" compares
+with the fixed point itself; "local" with the next state of the trajectory.
+AR: label-smoothed cross-entropy on the greedy output, which keeps the model's own text from drifting.
+Total = ar_weight * AR + consistency_weight * consistency; the reference code uses 10 : 1.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from transformers import DynamicCache
+
+from specdec_lab.cllm.trajectories import Sample
+from specdec_lab.decoders.common import truncate_cache
+from specdec_lab.decoders.jacobi import correct_prefix_length
+
+CONSISTENCY_KINDS = ("global", "local")
+
+
+@dataclass(frozen=True)
+class LossWeights:
+    ar_weight: float = 10.0
+    consistency_weight: float = 1.0
+    consistency: str = "global"  # or "local"
+    label_smoothing: float = 0.1
+
+    def __post_init__(self):
+        if self.consistency not in CONSISTENCY_KINDS:
+            raise ValueError(f"consistency must be one of {CONSISTENCY_KINDS}, got {self.consistency!r}")
+        if self.ar_weight < 0 or self.consistency_weight < 0 or self.ar_weight + self.consistency_weight == 0:
+            raise ValueError(f"loss weights must be >= 0 and not both 0, got ar_weight={self.ar_weight}, "
+                             f"consistency_weight={self.consistency_weight}")
+        if not 0 <= self.label_smoothing < 1:
+            raise ValueError(f"label_smoothing must be in [0, 1), got {self.label_smoothing}")
+
+
+def consistency_mask(state: Sequence[int], fixed_point: Sequence[int]) -> torch.Tensor:
+    """True at the block positions that count: those after the state's converged prefix."""
+    mask = torch.ones(len(fixed_point), dtype=torch.bool)
+    mask[: correct_prefix_length(state, fixed_point)] = False
+    return mask
+
+
+def consistency_loss(student_logits: torch.Tensor, target_logits: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """Mean over unmasked positions of KL(target || student); 0 when nothing is unmasked.
+
+    KL rather than the reference's soft cross-entropy: same gradient, but 0 at agreement, so the
+    logged number says how far the state's predictions are from the fixed point's."""
+    mask = mask.to(student_logits.device)
+    if not mask.any():
+        return student_logits.sum() * 0.0  # keeps the graph (and DDP) intact
+    student = F.log_softmax(student_logits[mask].float(), dim=-1)
+    target = F.log_softmax(target_logits[mask].detach().float(), dim=-1)
+    return F.kl_div(student, target, log_target=True, reduction="batchmean")
+
+
+def ar_loss(logits: torch.Tensor, labels: Sequence[int], label_smoothing: float = 0.1) -> torch.Tensor:
+    """Cross-entropy of the rows of `logits` (one per label) against `labels`."""
+    target = torch.tensor(list(labels), dtype=torch.long, device=logits.device)
+    return F.cross_entropy(logits.float(), target, label_smoothing=label_smoothing)
+
+
+def _logits(model, token_ids: Sequence[int], cache: DynamicCache) -> torch.Tensor:
+    input_ids = torch.tensor([list(token_ids)], dtype=torch.long, device=model.device)
+    return model(input_ids=input_ids, cache=cache, use_cache=True).logits[0]
+
+
+def sample_logits(model, sample: Sample, consistency: str = "global") -> dict[str, torch.Tensor]:
+    """The logits a sample's losses need, in one pass over prompt + greedy output plus one over the state.
+
+    The state runs on top of the first pass's KV cache, cut back to the block start, so the prefix
+    is computed once and gradients still flow through it. Rows of "state" and "target" predict the
+    block's tokens 0..n-1; "output" rows predict the greedy output's tokens.
+    """
+    sequence = sample.prompt_ids + sample.output_ids
+    prompt_length = len(sample.prompt_ids)
+    context = prompt_length + sample.start  # tokens before the block
+    n = len(sample.fixed_point)
+    cache = DynamicCache(config=model.config)
+    logits = _logits(model, sequence, cache)
+    # row context-1+i predicts block token i: feed the token before the block, then the state minus its last
+    truncate_cache(cache, context - 1)
+    state_logits = _logits(model, [sequence[context - 1], *sample.state[: n - 1]], cache)
+    if consistency == "global":
+        target = logits[context - 1: context - 1 + n]
+    else:
+        truncate_cache(cache, context - 1)  # after the state's pass, whose graph keeps the prefix
+        with torch.no_grad():
+            target = _logits(model, [sequence[context - 1], *sample.next_state[: n - 1]], cache)
+    return {"output": logits[prompt_length - 1: len(sequence) - 1], "state": state_logits, "target": target.detach()}
+
+
+def sample_losses(model, sample: Sample, weights: LossWeights) -> dict[str, torch.Tensor]:
+    """AR and consistency loss of one trajectory sample, and their weighted total."""
+    logits = sample_logits(model, sample, weights.consistency)
+    ar = ar_loss(logits["output"], sample.output_ids, weights.label_smoothing)
+    consistency = consistency_loss(logits["state"], logits["target"], consistency_mask(sample.state, sample.fixed_point))
+    total = weights.ar_weight * ar + weights.consistency_weight * consistency
+    return {"loss": total, "ar_loss": ar, "consistency_loss": consistency}
+
+
+@torch.no_grad()
+def sequence_nll(model, prompt_ids: Sequence[int], output_ids: Sequence[int]) -> float:
+    """Mean negative log-likelihood per output token (no smoothing): how well a model still predicts
+    a given text, e.g. the base model's greedy answers to held-out prompts."""
+    sequence = list(prompt_ids) + list(output_ids)
+    input_ids = torch.tensor([sequence], dtype=torch.long, device=model.device)
+    logits = model(input_ids=input_ids).logits[0, len(prompt_ids) - 1: len(sequence) - 1]
+    return float(ar_loss(logits, output_ids, label_smoothing=0.0))

@@ -1,0 +1,240 @@
+"""Train a CLLM: fine-tune a model on its own Jacobi trajectories (HF accelerate).
+
+In-process (a notebook, one CPU or GPU) call `train(...)`; to scale out, the same loop runs under
+`accelerate launch -m specdec_lab.cllm.train --model ... --trajectories ... --out ...`.
+Every `checkpoint_every` steps `out/checkpoint-NNNNNN/` gets a normal `save_pretrained` folder with
+the tokenizer plus `training_state.pt` (optimizer, step); a rerun resumes from the newest one.
+`out/final/` is the trained model: `specdec_lab.models.load("out/final")` loads it like any model.
+The loss curve goes to `out/losses.jsonl`, one line per optimizer step (with its wall time).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import random
+import shutil
+import time
+from collections.abc import Sequence
+from contextlib import nullcontext
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+from accelerate import Accelerator
+from tqdm.auto import tqdm
+
+from specdec_lab import models
+from specdec_lab.bench import config_hash, read_rows
+from specdec_lab.cllm.losses import LossWeights, sample_losses
+from specdec_lab.cllm.trajectories import samples, usable
+
+STATE_FILE = "training_state.pt"
+LOSS_LOG = "losses.jsonl"
+FINAL = "final"
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    steps: int = 300  # optimizer steps
+    learning_rate: float = 2e-5
+    warmup_steps: int = 10  # linear warm-up, then cosine decay to 10% of learning_rate
+    weight_decay: float = 0.0
+    grad_accumulation: int = 1  # samples per optimizer step (per process)
+    max_grad_norm: float = 1.0
+    checkpoint_every: int = 50
+    keep_checkpoints: int = 1
+    ar_weight: float = 10.0
+    consistency_weight: float = 1.0
+    consistency: str = "global"
+    label_smoothing: float = 0.1
+    seed: int = 0
+
+    def __post_init__(self):
+        for name in ("steps", "grad_accumulation", "checkpoint_every", "keep_checkpoints"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if not self.learning_rate > 0:
+            raise ValueError(f"learning_rate must be > 0, got {self.learning_rate}")
+        self.weights()  # checks the loss settings
+
+    def weights(self) -> LossWeights:
+        return LossWeights(self.ar_weight, self.consistency_weight, self.consistency, self.label_smoothing)
+
+
+def learning_rate(step: int, config: TrainConfig) -> float:
+    """Linear warm-up, then cosine decay to 10% of the peak."""
+    if step < config.warmup_steps:
+        return config.learning_rate * (step + 1) / config.warmup_steps
+    progress = (step - config.warmup_steps) / max(config.steps - config.warmup_steps, 1)
+    return config.learning_rate * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(progress, 1.0))))
+
+
+def sample_order(count: int, position: int, seed: int) -> int:
+    """Index of the sample at global `position`: a fresh seeded permutation every epoch, so a resumed
+    run and an uninterrupted one see the same samples in the same order."""
+    epoch, offset = divmod(position, count)
+    order = list(range(count))
+    random.Random(seed * 100_003 + epoch).shuffle(order)
+    return order[offset]
+
+
+def checkpoints(out: Path) -> list[Path]:
+    """Checkpoint folders that were completely written, oldest first."""
+    return sorted(p for p in out.glob("checkpoint-*") if (p / STATE_FILE).exists())
+
+
+def save(folder: Path, model, tokenizer, optimizer, step: int, config: TrainConfig) -> None:
+    """A loadable model folder plus the optimizer state (None for the final model: it is not resumed
+    from, and AdamW's state is twice the model); written to a temp name, then renamed, so a crash
+    never leaves a half-written checkpoint that a resume would pick up."""
+    partial = folder.with_name(folder.name + ".partial")
+    shutil.rmtree(partial, ignore_errors=True)
+    model.save_pretrained(partial)
+    tokenizer.save_pretrained(partial)
+    optimizer_state = optimizer.state_dict() if optimizer is not None else None
+    torch.save({"optimizer": optimizer_state, "step": step, "config": asdict(config)}, partial / STATE_FILE)
+    shutil.rmtree(folder, ignore_errors=True)
+    partial.rename(folder)
+
+
+def _prune(out: Path, keep: int) -> None:
+    for old in checkpoints(out)[: len(checkpoints(out)) - keep]:
+        shutil.rmtree(old, ignore_errors=True)
+
+
+def _trim_log(path: Path, step: int) -> None:
+    """Drop log lines after the checkpoint a run resumes from (they will be produced again)."""
+    rows = [row for row in read_rows(path) if row["step"] <= step]
+    path.write_text("".join(json.dumps(row) + "\n" for row in rows))
+
+
+def last_run(path: Path) -> list[dict]:
+    """The records of the newest collection run in a trajectory file (a file may hold several)."""
+    rows = read_rows(path)
+    if not rows:
+        raise ValueError(f"no trajectory records in {path}: run cllm.trajectories.collect first")
+    return [row for row in rows if row.get("run_id") == rows[-1].get("run_id")]
+
+
+def run_folder(parent: str | Path, model: str, records: Sequence[dict], config: TrainConfig, dtype: str) -> Path:
+    """`parent/cllm-<hash>`: one folder per (base model, training data, settings), so a notebook run
+    with other parameters trains anew instead of resuming a run it does not match."""
+    identity = {"model": model, "dtype": dtype, "config": asdict(config),
+                "data": sorted((r["run_id"], r["prompt_id"]) for r in records)}
+    return Path(parent) / f"cllm-{config_hash(identity)}"
+
+
+def train(
+    model: str,
+    trajectories: Sequence[dict] | str | Path,
+    out: str | Path,
+    config: TrainConfig = TrainConfig(),
+    dtype: str = "float32",
+    cpu: bool = True,
+    progress: bool = True,
+) -> Path:
+    """Fine-tune `model` (any `models.load` spec) on Jacobi trajectory records; return `out/final`.
+
+    Resumes from the newest checkpoint in `out`; returns at once when `out/final` already holds a
+    run of this configuration. Degenerate (looping) generations are left out.
+    """
+    out = Path(out)
+    final = out / FINAL
+    if (final / STATE_FILE).exists():
+        done = torch.load(final / STATE_FILE, map_location="cpu", weights_only=False)
+        if done["config"] == asdict(config):
+            return final
+        raise ValueError(f"{final} holds a run with other settings ({done['config']}); "
+                         f"use another output folder or delete {out}")
+    records = last_run(Path(trajectories)) if isinstance(trajectories, (str, Path)) else list(trajectories)
+    data = samples(usable(records)[0])
+    if not data:
+        raise ValueError("no training states: every trajectory is degenerate or already converged; collect more prompts")
+
+    accelerator = Accelerator(cpu=cpu)
+    torch.manual_seed(config.seed)
+    resume = checkpoints(out)[-1] if checkpoints(out) else None
+    # loaded on the CPU; accelerator.prepare moves it to this process's device
+    loaded = models.load(str(resume) if resume else model, dtype=dtype, device="cpu")
+    network = loaded.model
+    network.train()
+    optimizer = torch.optim.AdamW(network.parameters(), lr=config.learning_rate, weight_decay=config.weight_decay)
+    step = 0
+    if resume:
+        state = torch.load(resume / STATE_FILE, map_location="cpu", weights_only=False)
+        optimizer.load_state_dict(state["optimizer"])
+        step = state["step"]
+    network, optimizer = accelerator.prepare(network, optimizer)
+    log = out / LOSS_LOG
+    if accelerator.is_main_process:
+        out.mkdir(parents=True, exist_ok=True)
+        _trim_log(log, step)
+
+    weights = config.weights()
+    workers, rank = accelerator.num_processes, accelerator.process_index
+    bar = tqdm(total=config.steps, initial=step, desc="CLLM training", disable=not (progress and accelerator.is_main_process))
+    while step < config.steps:
+        step_start = time.perf_counter()
+        for group in optimizer.param_groups:
+            group["lr"] = learning_rate(step, config)
+        totals = {"loss": 0.0, "ar_loss": 0.0, "consistency_loss": 0.0}
+        for micro in range(config.grad_accumulation):
+            position = (step * config.grad_accumulation + micro) * workers + rank
+            losses = sample_losses(network, data[sample_order(len(data), position, config.seed)], weights)
+            # gradients are synchronised across processes only on the last micro-batch
+            context = accelerator.no_sync(network) if micro < config.grad_accumulation - 1 else nullcontext()
+            with context:
+                accelerator.backward(losses["loss"] / config.grad_accumulation)
+            for name in totals:
+                totals[name] += float(losses[name].detach()) / config.grad_accumulation
+        accelerator.clip_grad_norm_(network.parameters(), config.max_grad_norm)
+        optimizer.step()
+        optimizer.zero_grad()
+        step += 1
+        if accelerator.is_main_process:
+            row = {"step": step, **totals, "lr": learning_rate(step - 1, config),
+                   "step_s": round(time.perf_counter() - step_start, 3)}
+            with log.open("a") as handle:
+                handle.write(json.dumps(row) + "\n")
+            bar.set_postfix(loss=f"{totals['loss']:.3f}", consistency=f"{totals['consistency_loss']:.3f}")
+        bar.update(1)
+        if step % config.checkpoint_every == 0 or step == config.steps:
+            accelerator.wait_for_everyone()
+            if accelerator.is_main_process:
+                unwrapped = accelerator.unwrap_model(network)
+                if step == config.steps:
+                    save(out / FINAL, unwrapped, loaded.tokenizer, None, step, config)
+                    _prune(out, 0)
+                else:
+                    save(out / f"checkpoint-{step:06d}", unwrapped, loaded.tokenizer, optimizer, step, config)
+                    _prune(out, config.keep_checkpoints)
+    bar.close()
+    accelerator.wait_for_everyone()
+    network.eval()
+    return final
+
+
+def read_losses(out: str | Path) -> list[dict]:
+    """The loss curve of a training run (one row per optimizer step)."""
+    return read_rows(Path(out) / LOSS_LOG)
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--model", required=True, help="base model: zoo name, hub id, folder or .gguf")
+    parser.add_argument("--trajectories", required=True, help="JSONL written by cllm.trajectories.collect")
+    parser.add_argument("--out", required=True, help="output folder (checkpoints, final/, losses.jsonl)")
+    parser.add_argument("--dtype", default="float32")
+    parser.add_argument("--gpu", action="store_true", help="train on the accelerator's GPU(s) instead of the CPU")
+    for field, default in asdict(TrainConfig()).items():
+        parser.add_argument(f"--{field.replace('_', '-')}", type=type(default), default=default)
+    args = vars(parser.parse_args(argv))
+    config = TrainConfig(**{field: args[field] for field in asdict(TrainConfig())})
+    final = train(args["model"], args["trajectories"], args["out"], config, dtype=args["dtype"], cpu=not args["gpu"])
+    print(final)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,141 @@
+"""Collect Jacobi trajectories: the CLLM training data.
+
+Jacobi-decode each prompt with the model and keep, for every n-token block, each state the block
+passed through on its way to its fixed point (the greedy output). One JSONL line per prompt, appended
+as soon as the prompt is done; a rerun with the same settings skips the prompts the file holds.
+Generations that loop (an n-gram repeated many times) are kept in the file, flagged `degenerate`,
+and left out of the training samples: training a model to jump to a loop teaches it to loop.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections import Counter
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from tqdm.auto import tqdm
+
+from specdec_lab.bench import config_hash, read_rows
+from specdec_lab.data import Prompt, encode
+from specdec_lab.decoders import jacobi
+from specdec_lab.decoders.jacobi import correct_prefix_length
+
+
+@dataclass(frozen=True)
+class Sample:
+    """One training example: a block state on the way to its fixed point, with its context."""
+
+    prompt_ids: list[int]
+    output_ids: list[int]  # the whole greedy output (the AR loss target)
+    start: int  # where the block starts in output_ids
+    state: list[int]  # the block as Jacobi iteration `iteration` saw it
+    fixed_point: list[int]  # == output_ids[start:start + len(state)]
+    next_state: list[int]  # the state one iteration later (for the local consistency loss)
+    block_index: int
+    iteration: int
+    prompt_id: str = ""
+
+
+def append_row(path: Path, row: dict) -> None:
+    """Append one JSONL line and make it durable before going on (a crash loses at most the next one)."""
+    with path.open("a") as handle:
+        handle.write(json.dumps(row) + "\n")
+        handle.flush()
+        os.fsync(handle.fileno())
+
+
+def max_ngram_repeats(tokens: Sequence[int], n: int) -> int:
+    """How often the most frequent n-gram occurs (0 for outputs shorter than n)."""
+    counts = Counter(tuple(tokens[i: i + n]) for i in range(len(tokens) - n + 1))
+    return max(counts.values(), default=0)
+
+
+def is_degenerate(tokens: Sequence[int], ngram: int = 8, max_repeats: int = 3) -> bool:
+    """True when some `ngram`-token sequence occurs `max_repeats` times or more: in a loop of any
+    period p <= ngram every n-gram recurs, so this catches "x, x, x, ..." and "AVG(a), AVG(a), ..."
+    alike, while a normal SQL query rarely repeats 8 tokens three times."""
+    return max_ngram_repeats(tokens, ngram) >= max_repeats
+
+
+def collect(
+    model,
+    tokenizer,
+    prompts: Sequence[Prompt],
+    out: str | Path,
+    max_new_tokens: int,
+    block_size: int = 16,
+    init: str = "prompt_tokens",
+    seed: int = 0,
+    chat: bool = True,
+    ngram: int = 8,
+    max_repeats: int = 3,
+    config: dict | None = None,
+    on_record: Callable[[dict], None] | None = None,
+    desc: str = "Jacobi trajectories",
+) -> list[dict]:
+    """Jacobi trajectories of `model` for `prompts`, one record per prompt (this configuration's
+    records, in prompt order). `config` names what else the records depend on (e.g. the model);
+    `on_record` is called after each record is written (progress hooks, tests)."""
+    if not prompts:
+        raise ValueError("no prompts to collect trajectories for: check the prompt counts in the parameters")
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    run_id = config_hash({"config": dict(config or {}), "max_new_tokens": max_new_tokens, "block_size": block_size,
+                          "init": init, "seed": seed, "chat": chat})
+    done = {row["prompt_id"] for row in read_rows(out) if row.get("run_id") == run_id}
+    todo = [p for p in prompts if p.id not in done]
+    for prompt in tqdm(todo, desc=desc, initial=len(prompts) - len(todo), total=len(prompts)):
+        prompt_ids = encode(tokenizer, prompt, chat=chat)
+        result = jacobi.generate(model, prompt_ids, max_new_tokens, block_size=block_size, init=init, seed=seed,
+                                 record_states=True)
+        record = {
+            "run_id": run_id, "prompt_id": prompt.id, "group": prompt.group, "prompt_ids": prompt_ids,
+            "output_ids": result.tokens, "blocks": result.extras["blocks"],
+            "degenerate": is_degenerate(result.tokens, ngram, max_repeats),
+            "target_forwards": result.target_forwards, "wall_time_s": result.wall_time_s,
+        }
+        append_row(out, record)
+        if on_record is not None:
+            on_record(record)
+    by_id = {row["prompt_id"]: row for row in read_rows(out) if row.get("run_id") == run_id}
+    return [by_id[p.id] for p in prompts if p.id in by_id]
+
+
+def usable(records: Sequence[dict]) -> tuple[list[dict], int]:
+    """(records to train on, how many degenerate ones were removed)."""
+    kept = [r for r in records if not r["degenerate"]]
+    return kept, len(records) - len(kept)
+
+
+def samples(records: Sequence[dict]) -> list[Sample]:
+    """Every state with at least one position after its first wrong token: those positions are
+    predicted from a wrong context, which is what the consistency loss trains. The other states
+    teach nothing (the converged prefix is masked, and the first wrong token is predicted from a
+    correct context, where state and fixed point give the same distribution)."""
+    found = []
+    for record in records:
+        for block_index, block in enumerate(record["blocks"]):
+            fixed_point, states = block["fixed_point"], block["states"]
+            for iteration, state in enumerate(states):
+                if correct_prefix_length(state, fixed_point) >= len(fixed_point) - 1:
+                    continue
+                next_state = states[iteration + 1] if iteration + 1 < len(states) else fixed_point
+                found.append(Sample(record["prompt_ids"], record["output_ids"], block["start"], state, fixed_point,
+                                    next_state, block_index, iteration, record["prompt_id"]))
+    return found
+
+
+def summary(records: Sequence[dict]) -> dict:
+    """Counts for the notebook: prompts, degenerate ones, blocks, states, base tokens per forward."""
+    kept, removed = usable(records)
+    tokens = sum(len(r["output_ids"]) for r in records)
+    forwards = sum(r["target_forwards"] for r in records)
+    return {
+        "prompts": len(records), "degenerate_removed": removed, "training_prompts": len(kept),
+        "blocks": sum(len(r["blocks"]) for r in kept), "training_states": len(samples(kept)),
+        "base_tokens_per_forward": tokens / forwards if forwards else float("nan"),
+        "collection_minutes": sum(r["wall_time_s"] for r in records) / 60,
+    }

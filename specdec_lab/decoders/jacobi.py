@@ -1,0 +1,205 @@
+"""Jacobi decoding (Santilli et al. 2023; Kou et al. 2024, "CLLMs"): guess an n-token block and
+refine all n positions in parallel until the block stops changing. Greedy only.
+
+One iteration = one forward pass over the block: position i takes the argmax given the prompt, the
+converged tokens and the current guesses before it. The block's fixed point is exactly the greedy
+autoregressive continuation, so the output equals `autoregressive.generate` (fp32: token for token).
+
+Counting, as in the CLLM reference code: the first position of the still-open part of a block is
+always correct (it was predicted from a correct context), so every iteration fixes the longest
+prefix of the open part that agrees with the model's own predictions, at least one token. Fixed
+tokens keep their KV-cache entries (computed from a correct context); the rest of the block is
+dropped from the cache and carried over, updated, as the next guess. When a block converges, the
+prediction after its last token is the first (known) token of the next block.
+
+Per iteration, `accepted_per_step` = tokens fixed - 1 (what AR would not have given) and
+`proposed_per_step` = open block length, so `tokens_per_target_forward` means what it means for
+speculative decoding. A plain AR model gets ~1.05 tokens per forward this way; a CLLM more.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+import torch
+
+from specdec_lab.decoders.autoregressive import prefill
+from specdec_lab.decoders.common import (
+    as_token_list, check_max_new_tokens, clock, cut_at_stop, forward, new_cache, stop_token_ids, truncate_cache,
+)
+from specdec_lab.memory import PeakMemory
+from specdec_lab.result import GenerationResult
+
+INITS = ("prompt_tokens", "repeat_last")
+
+
+@dataclass
+class BlockTrace:
+    """The Jacobi trajectory of one block: the state fed to each iteration and where it converged."""
+
+    start: int  # offset of the block's first token in the generated sequence
+    states: list[list[int]]  # the whole block (fixed part + open guesses) as fed to each iteration
+    fixed_per_iteration: list[int]  # tokens fixed by each iteration (>= 1)
+    fixed_point: list[int]  # the converged block (shorter than the states if generation stopped inside)
+    converged: bool
+
+    def to_dict(self) -> dict:
+        return {"start": self.start, "states": self.states, "fixed_per_iteration": self.fixed_per_iteration,
+                "fixed_point": self.fixed_point, "converged": self.converged}
+
+
+def initial_guess(known_token: int, length: int, prompt_ids: list[int], init: str, rng: random.Random) -> list[int]:
+    """A block of `length` tokens: the known first token, then `length - 1` guesses."""
+    if init == "repeat_last":
+        guesses = [known_token] * (length - 1)
+    else:  # "prompt_tokens": random prompt tokens, as the CLLM reference code initialises
+        guesses = [rng.choice(prompt_ids) for _ in range(length - 1)]
+    return [known_token, *guesses]
+
+
+def count_fixed(open_block: list[int], predictions: list[int]) -> int:
+    """Tokens of the open block that are now certain: the first one, then each guess that equals the
+    model's prediction from the (certain) tokens before it."""
+    fixed = 1
+    while fixed < len(open_block) and open_block[fixed] == predictions[fixed - 1]:
+        fixed += 1
+    return fixed
+
+
+def correct_prefix_length(state: list[int], fixed_point: list[int]) -> int:
+    length = 0
+    while length < len(fixed_point) and state[length] == fixed_point[length]:
+        length += 1
+    return length
+
+
+def stationary_tokens(states: list[list[int]], fixed_point: list[int]) -> int:
+    """Positions that were already correct, and stayed unchanged, while an earlier token was still
+    wrong (the paper's "stationary tokens"): their correct-from iteration precedes their fixed-at one."""
+    count = 0
+    for position in range(len(fixed_point)):
+        correct_from = len(states)  # first iteration from which the position is correct for good
+        for iteration in range(len(states) - 1, -1, -1):
+            if states[iteration][position] != fixed_point[position]:
+                break
+            correct_from = iteration
+        fixed_at = next((j for j, s in enumerate(states) if correct_prefix_length(s, fixed_point) > position),
+                        len(states))
+        count += correct_from < fixed_at
+    return count
+
+
+def block_statistics(trace: BlockTrace) -> dict:
+    """Iterations, fast-forwarded tokens (fixed beyond one per iteration) and stationary tokens."""
+    return {
+        "iterations": len(trace.states),
+        "fast_forward": sum(fixed - 1 for fixed in trace.fixed_per_iteration),
+        "stationary": stationary_tokens(trace.states, trace.fixed_point),
+    }
+
+
+def _check_arguments(block_size: int, init: str, max_iterations: int | None) -> None:
+    if isinstance(block_size, bool) or not isinstance(block_size, int) or block_size < 1:
+        raise ValueError(f"block_size must be an integer >= 1 (1 = plain AR), got {block_size!r}")
+    if init not in INITS:
+        raise ValueError(f"init must be one of {INITS}, got {init!r}")
+    if max_iterations is not None and max_iterations < 1:
+        raise ValueError(f"max_iterations must be >= 1 or None (no limit), got {max_iterations!r}")
+
+
+@torch.inference_mode()
+def generate(
+    model,
+    prompt_ids,
+    max_new_tokens: int,
+    block_size: int = 16,
+    init: str = "prompt_tokens",
+    stop_ids: Iterable[int] | None = None,
+    seed: int = 0,
+    max_iterations: int | None = None,
+    record_states: bool = False,
+) -> GenerationResult:
+    """Greedy Jacobi decoding, batch size 1, any transformers causal LM.
+
+    `seed` only drives the initial guesses (the output does not depend on it). `max_iterations`
+    caps the iterations per block: the block then ends with what is fixed and the next one starts
+    fresh (the output stays exact). `record_states=True` returns every block's trajectory in
+    `extras["blocks"]` (used to collect CLLM training data).
+    """
+    prompt_ids = as_token_list(prompt_ids)
+    check_max_new_tokens(max_new_tokens)
+    _check_arguments(block_size, init, max_iterations)
+    stop_ids = stop_token_ids(model) if stop_ids is None else frozenset(stop_ids)
+    device = model.device
+    rng = random.Random(seed)
+    cache = new_cache(model)
+    tokens: list[int] = []  # fixed generated tokens; the cache holds prompt + tokens
+    accepted_per_step, proposed_per_step, traces = [], [], []
+
+    with PeakMemory(device) as memory:
+        start = clock(device)
+        known = int(prefill(model, prompt_ids, cache).argmax(-1))  # the next token, certain
+        first_token_time = clock(device) - start
+        stopped = known in stop_ids or max_new_tokens == 1
+        while not stopped:
+            length = min(block_size, max_new_tokens - len(tokens))
+            state = initial_guess(known, length, prompt_ids, init, rng)
+            trace = BlockTrace(start=len(tokens), states=[], fixed_per_iteration=[], fixed_point=[], converged=False)
+            fixed_in_block = 0
+            while True:
+                open_block = state[fixed_in_block:]
+                trace.states.append(list(state))
+                predictions = forward(model, open_block, cache).argmax(-1).tolist()
+                fixed = count_fixed(open_block, predictions)
+                # Jacobi update of the open positions; the one after the fixed ones is now certain
+                state = state[:fixed_in_block] + [open_block[0]] + predictions[: len(open_block) - 1]
+                fixed_in_block += fixed
+                truncate_cache(cache, len(prompt_ids) + len(tokens) + fixed_in_block)
+                known = predictions[fixed - 1]
+                trace.fixed_per_iteration.append(fixed)
+                accepted_per_step.append(fixed - 1)
+                proposed_per_step.append(len(open_block))
+                certain = state[fixed_in_block - fixed: fixed_in_block] + [known]
+                stopped = any(t in stop_ids for t in certain) or len(tokens) + fixed_in_block + 1 >= max_new_tokens
+                trace.converged = fixed_in_block == length
+                if trace.converged or stopped or len(trace.states) == max_iterations:
+                    break
+            # a block cut short still knows the token at position fixed_in_block (= known)
+            trace.fixed_point = state[: min(fixed_in_block + 1, length)] if stopped else state[:fixed_in_block]
+            trace.fixed_point, _ = cut_at_stop(trace.fixed_point, stop_ids)
+            tokens += state[:fixed_in_block]
+            traces.append(trace)
+        generated, _ = cut_at_stop(tokens + [known], stop_ids)
+        generated = generated[:max_new_tokens]
+        wall_time = clock(device) - start
+
+    statistics = [block_statistics(_cut_trace(trace)) for trace in traces]
+    extras = {
+        "block_size": block_size,
+        "init": init,
+        "iterations_per_block": [s["iterations"] for s in statistics],
+        "fast_forward_tokens": [s["fast_forward"] for s in statistics],
+        "stationary_tokens": [s["stationary"] for s in statistics],
+    }
+    if record_states:
+        extras["blocks"] = [_cut_trace(trace).to_dict() for trace in traces]
+    return GenerationResult(
+        prompt_length=len(prompt_ids),
+        tokens=generated,
+        accepted_per_step=accepted_per_step,
+        proposed_per_step=proposed_per_step,
+        target_forwards=1 + len(accepted_per_step),
+        wall_time_s=wall_time,
+        time_to_first_token_s=first_token_time,
+        peak_memory_bytes=memory.peak_bytes,
+        extras=extras,
+    )
+
+
+def _cut_trace(trace: BlockTrace) -> BlockTrace:
+    """States cut to the length of the (possibly truncated) fixed point, so they compare position by position."""
+    n = len(trace.fixed_point)
+    return BlockTrace(trace.start, [s[:n] for s in trace.states], trace.fixed_per_iteration, trace.fixed_point,
+                      trace.converged)

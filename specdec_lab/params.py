@@ -1,0 +1,262 @@
+"""Validate a notebook's parameters (from a papermill YAML) before any model loads.
+
+The notebook's own `parameters` cell is the schema: its names are the known keys and its default
+values give the types. `RULES` adds the range checks, by parameter name, shared by all notebooks.
+Every problem is collected and reported at once, each naming the bad value and the fix.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from pathlib import Path
+
+import yaml
+
+from specdec_lab import models, zoo
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+NOTEBOOKS_DIR = REPO_ROOT / "notebooks"
+
+
+class ParameterError(ValueError):
+    pass
+
+
+def _positive_int(name: str, value) -> str | None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        return f"{name} must be an integer >= 1, got {value!r}"
+    return None
+
+
+def _non_negative_int(name: str, value) -> str | None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        return f"{name} must be an integer >= 0, got {value!r}"
+    return None
+
+
+def _positive_int_list(name: str, value) -> str | None:
+    if not isinstance(value, list) or not value:
+        return f"{name} must be a non-empty list of integers >= 1, got {value!r}"
+    bad = [v for v in value if _positive_int(name, v)]
+    return f"{name} must hold integers >= 1 only (k < 1 drafts nothing); bad: {bad}" if bad else None
+
+
+def _one_of(choices) -> Callable[[str, object], str | None]:
+    def check(name: str, value) -> str | None:
+        return None if value in choices else f"{name} must be one of {list(choices)}, got {value!r}"
+    return check
+
+
+def _model_spec(name: str, value) -> str | None:
+    if value is None or value == "":
+        return None  # optional model slot left empty
+    if not isinstance(value, str):
+        return f"{name} must be a model spec string, got {value!r}"
+    try:
+        if value in zoo.ZOO:
+            return None
+        path = Path(value).expanduser()
+        if path.suffix == ".gguf" and not path.is_file():
+            return f"{name}: GGUF file {value!r} does not exist"
+        if path.suffix != ".gguf":
+            models.resolve(value)  # raises on unknown specs without loading anything
+    except (ValueError, FileNotFoundError) as error:
+        return f"{name}: {error}"
+    return None
+
+
+def _fraction(name: str, value) -> str | None:
+    if not isinstance(value, (int, float)) or not 0 <= value <= 1:
+        return f"{name} must be a number in [0, 1], got {value!r}"
+    return None
+
+
+def _non_negative_number(name: str, value) -> str | None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
+        return f"{name} must be a number >= 0, got {value!r}"
+    return None
+
+
+def _prompt_set(name: str, value) -> str | None:
+    from specdec_lab import data
+
+    if isinstance(value, str) and (value in data.PROMPT_SETS or (value.endswith(".jsonl") and Path(value).is_file())):
+        return None
+    return f"{name}: unknown prompt set {value!r}: use one of {list(data.PROMPT_SETS)} or an existing .jsonl file"
+
+
+def _prompt_set_list(name: str, value) -> str | None:
+    if not isinstance(value, list) or not value:
+        return f"{name} must be a non-empty list of prompt sets, got {value!r} (an empty prompt set measures nothing)"
+    return next((p for p in (_prompt_set(name, v) for v in value) if p), None)
+
+
+def _quantization_list(name: str, value) -> str | None:
+    from specdec_lab import quantization
+
+    if not isinstance(value, list) or not value:
+        return f"{name} must be a non-empty list of quantizations from {list(quantization.NAMES)}, got {value!r}"
+    bad = [v for v in value if v not in quantization.NAMES]
+    return f"{name}: unknown quantization(s) {bad}: use names from {list(quantization.NAMES)}" if bad else None
+
+
+def _speculative_pairs(name: str, value) -> str | None:
+    from specdec_lab import quantization
+
+    if not isinstance(value, list):
+        return f"{name} must be a list of 'target/draft' quantization pairs like 'none/nf4', got {value!r}"
+    for pair in value:
+        try:
+            quantization.parse_pair(pair)
+        except ValueError as error:
+            return f"{name}: {error}"
+    return None
+
+
+def _model_roles(name: str, value) -> str | None:
+    if not isinstance(value, list) or not value or any(v not in ("target", "draft") for v in value):
+        return f"{name} must be a non-empty list drawn from ['target', 'draft'], got {value!r}"
+    return None
+
+
+def _positive_number(name: str, value) -> str | None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+        return f"{name} must be a number > 0, got {value!r}"
+    return None
+
+
+def _open_fraction(name: str, value) -> str | None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < 1:
+        return f"{name} must be a number strictly between 0 and 1, got {value!r}"
+    return None
+
+
+RULES: dict[str, Callable[[str, object], str | None]] = {
+    "max_new_tokens": _positive_int,
+    "num_prompts": _positive_int,
+    "repeats": _positive_int,
+    "k": _positive_int,
+    "k_values": _positive_int_list,
+    "warmup": _non_negative_int,
+    "seed": _non_negative_int,
+    "temperature": _non_negative_number,
+    "top_p": _fraction,
+    "top_k": _non_negative_int,
+    "dtype": _one_of(sorted(models.DTYPES)),
+    "device": _one_of(models.DEVICES),
+    "target": _model_spec,
+    "draft": _model_spec,
+    "model": _model_spec,
+    "universal_draft": _model_spec,
+    "prompt_set": _prompt_set,
+    "prompt_sets": _prompt_set_list,
+    "quantizations": _quantization_list,  # 03_quantized
+    "spec_pairs": _speculative_pairs,
+    "footprint_models": _model_roles,
+    "footprint_repeats": _positive_int,
+    # 04_cllm
+    "block_size": _positive_int,
+    "init": _one_of(("prompt_tokens", "repeat_last")),
+    "held_out_fraction": _open_fraction,
+    "train_prompts": _positive_int,
+    "eval_prompts": _positive_int,
+    "train_steps": _positive_int,
+    "learning_rate": _positive_number,
+    "grad_accumulation": _positive_int,
+    "ar_weight": _non_negative_number,
+    "consistency_weight": _non_negative_number,
+    "consistency": _one_of(("global", "local")),
+    "checkpoint_every": _positive_int,
+    "reference_model": _model_spec,
+    "reference_dtype": _one_of(sorted(models.DTYPES)),
+    "reference_prompts": _positive_int,
+}
+
+
+def notebook_path(notebook: str) -> Path:
+    path = NOTEBOOKS_DIR / (notebook if notebook.endswith(".ipynb") else notebook + ".ipynb")
+    if not path.exists():
+        known = sorted(p.stem for p in NOTEBOOKS_DIR.glob("*.ipynb"))
+        raise ParameterError(f"unknown notebook {notebook!r}: known are {known}")
+    return path
+
+
+def notebook_defaults(notebook: str) -> dict:
+    """The names and default values of the notebook's `parameters` cell."""
+    import ast
+    import json
+
+    cells = json.loads(notebook_path(notebook).read_text())["cells"]
+    for cell in cells:
+        if "parameters" in cell.get("metadata", {}).get("tags", []):
+            source = "".join(cell["source"])
+            defaults = {}
+            for statement in ast.parse(source).body:
+                if isinstance(statement, ast.Assign) and len(statement.targets) == 1:
+                    defaults[statement.targets[0].id] = ast.literal_eval(statement.value)
+            return defaults
+    raise ParameterError(f"notebook {notebook!r} has no cell tagged 'parameters'")
+
+
+def _type_problem(name: str, value, default) -> str | None:
+    if default is None or value is None:
+        return None
+    if isinstance(default, bool) != isinstance(value, bool):
+        return f"{name} must be {type(default).__name__}, got {value!r}"
+    if isinstance(default, float) and isinstance(value, int):
+        return None
+    if not isinstance(value, type(default)):
+        return f"{name} must be {type(default).__name__} like the default {default!r}, got {value!r}"
+    return None
+
+
+def problems(notebook: str, values: Mapping) -> list[str]:
+    """Every problem with `values` as parameters of `notebook` (empty list = fine)."""
+    defaults = notebook_defaults(notebook)
+    found = []
+    for name, value in values.items():
+        if name not in defaults:
+            found.append(f"unknown parameter {name!r} for {notebook}: known are {sorted(defaults)} (a typo?)")
+            continue
+        problem = _type_problem(name, value, defaults[name])
+        if problem is None and name in RULES:
+            problem = RULES[name](name, value)
+        if problem:
+            found.append(problem)
+    return found
+
+
+def validate(notebook: str, values: Mapping) -> None:
+    found = problems(notebook, values)
+    if found:
+        raise ParameterError(f"bad parameters for {notebook}:\n- " + "\n- ".join(found))
+
+
+def load_yaml(path: str | Path) -> dict:
+    """A parameter file as a dict, with a clear error for unreadable YAML."""
+    path = Path(path)
+    try:
+        values = yaml.safe_load(path.read_text()) or {}
+    except yaml.YAMLError as error:
+        raise ParameterError(f"{path}: not valid YAML ({error})") from error
+    if not isinstance(values, dict):
+        raise ParameterError(f"{path}: expected a mapping of parameter: value, got {type(values).__name__}")
+    return values
+
+
+def validate_notebook_globals(notebook: str, namespace: Mapping) -> dict:
+    """Call from a notebook right after its parameters cell (papermill has injected the YAML);
+    returns the parameter values, which the benchmark stores with every result row."""
+    values = {name: namespace[name] for name in notebook_defaults(notebook) if name in namespace}
+    validate(notebook, values)
+    return values
+
+
+def results_path(results_dir: str, *parts: str) -> Path:
+    """A path under the results folder; relative folders are taken from the repository root so
+    notebooks write to the same place from JupyterLab (cwd notebooks/) and from papermill."""
+    base = Path(results_dir)
+    base = base if base.is_absolute() else REPO_ROOT / base
+    path = base.joinpath(*parts)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    return path

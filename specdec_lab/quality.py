@@ -1,0 +1,102 @@
+"""What a faster model costs in output quality, measured against a reference model.
+
+Two measures, both deterministic:
+- greedy token agreement: how far a greedy generation follows the reference's greedy tokens
+  (the fraction of the reference matched before the first differing token, and whether all match);
+- perplexity on a small fixed text set (`TEXTS`, plain text, no chat template): exp of the mean
+  negative log-likelihood per predicted token, all texts pooled.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+# A fixed, small, mixed evaluation set (code, prose, SQL, a docstring), written for this kit so
+# it is free to ship. Small on purpose: it ranks quantizations of one model against each other; it
+# is not a language-modelling benchmark and says nothing across tokenizers.
+TEXTS: tuple[str, ...] = (
+    "def fibonacci(n: int) -> list[int]:\n"
+    '    """Return the first n Fibonacci numbers."""\n'
+    "    numbers = [0, 1]\n"
+    "    while len(numbers) < n:\n"
+    "        numbers.append(numbers[-1] + numbers[-2])\n"
+    "    return numbers[:n]\n",
+    "The train left the station a few minutes after noon. Most passengers were reading or looking "
+    "out of the window at the fields, which were still wet from the morning rain. A child in the "
+    "last carriage asked her father how long the journey would take, and he said it would be dark "
+    "before they arrived.",
+    "SELECT customers.name, COUNT(orders.id) AS order_count\n"
+    "FROM customers\n"
+    "JOIN orders ON orders.customer_id = customers.id\n"
+    "WHERE orders.created_at >= '2024-01-01'\n"
+    "GROUP BY customers.name\n"
+    "ORDER BY order_count DESC\n"
+    "LIMIT 10;",
+    "import json\n\n\n"
+    "def load_config(path):\n"
+    "    with open(path) as handle:\n"
+    "        config = json.load(handle)\n"
+    "    if 'name' not in config:\n"
+    "        raise ValueError(f'{path}: missing the name field')\n"
+    "    return config\n",
+    "Photosynthesis turns light into chemical energy. Plants take in carbon dioxide from the air and "
+    "water from the soil, and with the energy of sunlight they build sugars, releasing oxygen as a "
+    "by-product.",
+)
+
+
+@dataclass(frozen=True)
+class Agreement:
+    matched_prefix: int  # tokens identical to the reference before the first difference
+    reference_length: int
+    full_match: bool  # the same tokens, same length
+
+    @property
+    def fraction(self) -> float:
+        """Share of the reference reproduced before the first divergence (1.0 = full match)."""
+        return self.matched_prefix / self.reference_length if self.reference_length else float("nan")
+
+
+def greedy_agreement(reference: Sequence[int], candidate: Sequence[int]) -> Agreement:
+    """Compare two greedy generations of the same prompt token by token."""
+    reference, candidate = list(reference), list(candidate)
+    matched = 0
+    for ours, theirs in zip(reference, candidate):
+        if ours != theirs:
+            break
+        matched += 1
+    return Agreement(matched, len(reference), reference == candidate)
+
+
+@torch.inference_mode()
+def token_nll(model, token_ids: Sequence[int]) -> torch.Tensor:
+    """Negative log-likelihood (nats, float32) of tokens[1:] given their prefixes, one forward pass."""
+    token_ids = list(token_ids)
+    if len(token_ids) < 2:
+        raise ValueError(f"need at least 2 tokens to score a continuation, got {len(token_ids)}")
+    device = next(model.parameters()).device
+    input_ids = torch.tensor([token_ids], dtype=torch.long, device=device)
+    logits = model(input_ids=input_ids, use_cache=False).logits[0, :-1].float()
+    targets = input_ids[0, 1:]
+    return torch.nn.functional.cross_entropy(logits, targets, reduction="none").cpu()
+
+
+def perplexity(model, sequences: Sequence[Sequence[int]]) -> float:
+    """exp(mean NLL per predicted token), tokens of all sequences pooled (long texts weigh more)."""
+    if not sequences:
+        raise ValueError("no sequences to score")
+    nll = torch.cat([token_nll(model, ids) for ids in sequences])
+    return math.exp(float(nll.mean()))
+
+
+def encode_texts(tokenizer, texts: Sequence[str] = TEXTS) -> list[list[int]]:
+    """Plain tokenization (no chat template); a BOS is added where the tokenizer adds one."""
+    return [list(tokenizer(text)["input_ids"]) for text in texts]
+
+
+def text_perplexity(model, tokenizer, texts: Sequence[str] = TEXTS) -> float:
+    return perplexity(model, encode_texts(tokenizer, texts))

@@ -1,0 +1,152 @@
+"""`make reproduce`: validate every parameter file of a profile, execute the notebooks with
+papermill, render each to HTML (code hidden, plus a copy with code) and write an index page.
+
+    python -m specdec_lab.report --profile cpu [--only 01_baseline 02_speculative]
+"""
+
+from __future__ import annotations
+
+import argparse
+import html
+import json
+import sys
+import time
+from pathlib import Path
+
+from specdec_lab import params
+
+PARAMS_DIR = params.REPO_ROOT / "params"
+REPORTS_DIR = params.REPO_ROOT / "reports"
+
+
+def profiles() -> list[str]:
+    return sorted(p.name for p in PARAMS_DIR.iterdir() if p.is_dir())
+
+
+def parameter_files(profile: str, only: list[str] | None = None) -> list[Path]:
+    folder = PARAMS_DIR / profile
+    if not folder.is_dir():
+        raise params.ParameterError(f"unknown profile {profile!r}: known are {profiles()} (PROFILE=... in make)")
+    files = sorted(folder.glob("*.yaml"))
+    if only:
+        unknown = sorted(set(only) - {f.stem for f in files})
+        if unknown:
+            raise params.ParameterError(f"profile {profile!r} has no parameter file for {unknown}")
+        files = [f for f in files if f.stem in only]
+    if not files:
+        raise params.ParameterError(f"profile {profile!r} has no parameter files in {folder}")
+    return files
+
+
+def validate_all(files: list[Path]) -> dict[str, dict]:
+    """Check every file before anything runs, so a typo in the last notebook's YAML fails in
+    seconds, not after an hour of benchmarks."""
+    values, found = {}, []
+    for path in files:
+        try:
+            values[path.stem] = params.load_yaml(path)
+            found += [f"{path.relative_to(params.REPO_ROOT)}: {p}" for p in params.problems(path.stem, values[path.stem])]
+        except params.ParameterError as error:
+            found.append(f"{path.relative_to(params.REPO_ROOT)}: {error}")
+    if found:
+        raise params.ParameterError("bad parameter files (nothing was run):\n- " + "\n- ".join(found))
+    return values
+
+
+def headline_path(results_dir: str, notebook: str) -> Path:
+    return params.results_path(results_dir, notebook, "headline.json")
+
+
+def write_headline(results_dir: str, notebook: str, numbers: dict) -> None:
+    """Notebooks call this with their few key numbers; the index page shows them."""
+    headline_path(results_dir, notebook).write_text(json.dumps(numbers, indent=1, default=str))
+
+
+def render_html(executed: Path, out_dir: Path) -> list[Path]:
+    import nbformat
+    from nbconvert import HTMLExporter
+
+    notebook = nbformat.read(executed, as_version=4)
+    written = []
+    for suffix, exclude_code in ((".html", True), (".code.html", False)):
+        exporter = HTMLExporter(exclude_input=exclude_code, exclude_input_prompt=True, exclude_output_prompt=True)
+        body, _ = exporter.from_notebook_node(notebook)
+        path = out_dir / (executed.stem + suffix)
+        path.write_text(body)
+        written.append(path)
+    return written
+
+
+def write_index(profile: str, out_dir: Path, run: list[tuple[str, dict, str]]) -> Path:
+    rows = []
+    for stem, values, status in run:
+        numbers = {}
+        headline = params.results_path(values.get("results_dir", f"results/{profile}"), stem, "headline.json")
+        if headline.exists():
+            numbers = json.loads(headline.read_text())
+        figures = "".join(f"<li>{html.escape(str(k))}: <b>{html.escape(str(v))}</b></li>" for k, v in numbers.items())
+        rows.append(
+            f"<tr><td><a href='{stem}.html'>{stem}</a> (<a href='{stem}.code.html'>with code</a>)</td>"
+            f"<td>{html.escape(status)}</td><td><ul>{figures}</ul></td></tr>"
+        )
+    page = (
+        f"<!doctype html><html><head><meta charset='utf-8'><title>specdec-lab: {profile}</title>"
+        "<style>body{font-family:sans-serif;margin:2em}td{border-bottom:1px solid #ddd;padding:.5em;vertical-align:top}</style>"
+        f"</head><body><h1>specdec-lab reports: profile <code>{html.escape(profile)}</code></h1>"
+        "<table><tr><th>notebook</th><th>status</th><th>headline numbers</th></tr>" + "".join(rows) + "</table>"
+        f"<p>Generated {time.strftime('%Y-%m-%d %H:%M:%S')} by <code>make reproduce PROFILE={html.escape(profile)}</code>.</p>"
+        "</body></html>"
+    )
+    index = out_dir / "index.html"
+    index.write_text(page)
+    return index
+
+
+def reproduce(profile: str, only: list[str] | None = None) -> int:
+    import papermill
+
+    files = parameter_files(profile, only)
+    values = validate_all(files)
+    out_dir = REPORTS_DIR / profile
+    out_dir.mkdir(parents=True, exist_ok=True)
+    run, failed = [], []
+    for path in files:
+        stem = path.stem
+        executed = out_dir / f"{stem}.ipynb"
+        print(f"== {stem} ({profile})", flush=True)
+        started = time.time()
+        try:
+            papermill.execute_notebook(
+                str(params.notebook_path(stem)), str(executed), parameters=values[stem],
+                cwd=str(params.NOTEBOOKS_DIR), progress_bar=True, kernel_name="python3",
+            )
+            status = f"ok in {time.time() - started:.0f} s"
+        except papermill.PapermillExecutionError as error:
+            status = f"FAILED: {error.ename}: {error.evalue}"
+            failed.append(f"{stem}: {error.ename}: {error.evalue}")
+        if executed.exists():
+            render_html(executed, out_dir)
+        run.append((stem, values[stem], status))
+        print(f"   {status}", flush=True)
+    index = write_index(profile, out_dir, run)
+    print(f"index: {index}")
+    if failed:
+        print("some notebooks failed (their reports show where):\n- " + "\n- ".join(failed), file=sys.stderr)
+        return 1
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--profile", default="cpu")
+    parser.add_argument("--only", nargs="*", help="notebook stems to run (default: all of the profile)")
+    args = parser.parse_args(argv)
+    try:
+        return reproduce(args.profile, args.only)
+    except params.ParameterError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

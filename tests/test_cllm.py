@@ -1,0 +1,209 @@
+"""CLLM: trajectory collection (resume), losses, a few training steps (tiny random models)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from tokenizers import Tokenizer, models as tokenizer_models, pre_tokenizers
+from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+
+from specdec_lab import models
+from specdec_lab.cllm import losses, train, trajectories
+from specdec_lab.cllm.trajectories import Sample
+from specdec_lab.data import Prompt
+from specdec_lab.decoders import autoregressive
+from specdec_lab.decoders.jacobi import correct_prefix_length
+
+WORDS = [f"w{i}" for i in range(60)]
+
+
+def tiny_tokenizer() -> PreTrainedTokenizerFast:
+    vocab = {"<unk>": 0, "<eos>": 1, **{word: i + 2 for i, word in enumerate(WORDS)}}
+    backend = Tokenizer(tokenizer_models.WordLevel(vocab, unk_token="<unk>"))
+    backend.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    return PreTrainedTokenizerFast(tokenizer_object=backend, unk_token="<unk>", eos_token="<eos>")
+
+
+def tiny_model(seed: int = 0) -> LlamaForCausalLM:
+    torch.manual_seed(seed)
+    config = LlamaConfig(vocab_size=len(WORDS) + 2, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
+                         eos_token_id=1, bos_token_id=None, pad_token_id=None)
+    model = LlamaForCausalLM(config).float().eval()
+    with torch.no_grad():
+        for parameter in model.parameters():
+            if parameter.dim() > 1:
+                parameter.normal_(0, 0.3)
+    return model
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    """Tiny models run in a millisecond on one thread; a second thread only adds waiting on a busy machine."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope="module")
+def model_folder(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("tiny-llama")
+    tiny_model().save_pretrained(folder)
+    tiny_tokenizer().save_pretrained(folder)
+    return folder
+
+
+@pytest.fixture(scope="module")
+def loaded(model_folder):
+    return models.load(str(model_folder), dtype="float32")
+
+
+def prompts(count: int) -> list[Prompt]:
+    return [Prompt(f"p{i}", "test", " ".join(WORDS[(7 * i + j) % 60] for j in range(5 + i % 3)), group=f"g{i % 2}")
+            for i in range(count)]
+
+
+def collect(loaded, out, count=5, **kwargs):
+    return trajectories.collect(loaded.model, loaded.tokenizer, prompts(count), out, max_new_tokens=20,
+                                block_size=6, chat=False, **kwargs)
+
+
+def test_records_hold_the_greedy_output_and_each_blocks_trajectory(loaded, tmp_path):
+    records = collect(loaded, tmp_path / "t.jsonl", count=2)
+    for record in records:
+        expected = autoregressive.generate(loaded.model, record["prompt_ids"], 20).tokens
+        assert record["output_ids"] == expected
+        for block in record["blocks"]:
+            start, fixed_point = block["start"], block["fixed_point"]
+            assert record["output_ids"][start: start + len(fixed_point)] == fixed_point
+    found = trajectories.samples(records)
+    assert found and all(correct_prefix_length(s.state, s.fixed_point) <= len(s.fixed_point) - 2 for s in found)
+
+
+def test_collection_resumes_after_an_interruption(loaded, tmp_path):
+    uninterrupted = collect(loaded, tmp_path / "whole.jsonl")
+
+    class Interrupted(Exception):
+        pass
+
+    written = []
+
+    def crash_after_two(record):
+        written.append(record["prompt_id"])
+        if len(written) == 2:
+            raise Interrupted
+
+    path = tmp_path / "resumed.jsonl"
+    with pytest.raises(Interrupted):
+        collect(loaded, path, on_record=crash_after_two)
+    assert len(path.read_text().splitlines()) == 2
+    resumed = collect(loaded, path, on_record=lambda record: written.append(record["prompt_id"]))
+    lines = [json.loads(line) for line in path.read_text().splitlines()]
+    assert len(lines) == 5 and len({row["prompt_id"] for row in lines}) == 5  # no duplicates
+    assert written[2:] == ["p2", "p3", "p4"]  # only the missing prompts ran again
+    assert resumed == uninterrupted
+
+
+def test_other_settings_do_not_reuse_old_records(loaded, tmp_path):
+    path = tmp_path / "t.jsonl"
+    collect(loaded, path, count=2)
+    again = trajectories.collect(loaded.model, loaded.tokenizer, prompts(2), path, max_new_tokens=12, block_size=6,
+                                 chat=False)
+    assert all(len(r["output_ids"]) <= 12 for r in again)
+    assert len(path.read_text().splitlines()) == 4
+
+
+def test_degenerate_generations_are_flagged_and_removed():
+    looping = [5, 6, 7] * 10
+    assert trajectories.is_degenerate(looping)
+    assert trajectories.is_degenerate([9] * 12)
+    assert not trajectories.is_degenerate(list(range(40)))
+    records = [{"degenerate": True, "blocks": []}, {"degenerate": False, "blocks": []}]
+    kept, removed = trajectories.usable(records)
+    assert removed == 1 and kept == records[1:]
+
+
+def sample_at(state, fixed_point=(11, 12, 13, 14, 15)) -> Sample:
+    output = [20, 21, *fixed_point, 30]
+    return Sample(prompt_ids=[3, 4, 5, 6], output_ids=output, start=2, state=list(state),
+                  fixed_point=list(fixed_point), next_state=list(fixed_point), block_index=0, iteration=0)
+
+
+def test_state_logits_line_up_with_the_fixed_point_logits(loaded):
+    fixed_point = [11, 12, 13, 14, 15]
+    logits = losses.sample_logits(loaded.model, sample_at(fixed_point))
+    assert torch.allclose(logits["state"], logits["target"], atol=1e-5)
+    # and the target rows are the model's own predictions for the block's tokens
+    direct = loaded.model(torch.tensor([[3, 4, 5, 6, 20, 21, *fixed_point]])).logits[0, 5:10]
+    assert torch.allclose(logits["target"], direct, atol=1e-5)
+
+
+def test_consistency_loss_is_zero_at_the_fixed_point_and_positive_before(loaded):
+    weights = losses.LossWeights()
+    at_fixed_point = losses.sample_losses(loaded.model, sample_at([11, 12, 13, 14, 15]), weights)
+    assert float(at_fixed_point["consistency_loss"].detach()) == 0.0
+    before = losses.sample_losses(loaded.model, sample_at([11, 40, 41, 42, 43]), weights)
+    assert float(before["consistency_loss"].detach()) > 1e-4
+    local = losses.sample_losses(loaded.model, sample_at([11, 40, 41, 42, 43]), losses.LossWeights(consistency="local"))
+    assert float(local["consistency_loss"].detach()) > 1e-4
+    assert torch.isclose(before["loss"], 10 * before["ar_loss"] + before["consistency_loss"])
+
+
+def test_consistency_mask_covers_the_converged_prefix():
+    assert losses.consistency_mask([1, 2, 9, 4], [1, 2, 3, 4]).tolist() == [False, False, True, True]
+    assert not losses.consistency_mask([1, 2, 3], [1, 2, 3]).any()
+
+
+def test_bad_loss_settings_fail_early():
+    with pytest.raises(ValueError, match="consistency"):
+        losses.LossWeights(consistency="both")
+    with pytest.raises(ValueError, match="steps"):
+        train.TrainConfig(steps=0)
+
+
+def mean_loss(model, samples, weights) -> float:
+    with torch.no_grad():
+        return sum(float(losses.sample_losses(model, s, weights)["loss"]) for s in samples) / len(samples)
+
+
+def test_a_few_training_steps_lower_the_loss(loaded, model_folder, tmp_path):
+    records = collect(loaded, tmp_path / "t.jsonl", count=4)
+    data = trajectories.samples(trajectories.usable(records)[0])
+    config = train.TrainConfig(steps=12, learning_rate=3e-3, warmup_steps=2, checkpoint_every=6)
+    before = mean_loss(loaded.model, data, config.weights())
+
+    final = train.train(str(model_folder), records, tmp_path / "run", config, progress=False)
+    trained = models.load(str(final), dtype="float32")
+    assert mean_loss(trained.model, data, config.weights()) < before
+    assert [row["step"] for row in train.read_losses(tmp_path / "run")] == list(range(1, 13))
+    assert not train.checkpoints(tmp_path / "run")  # the final model replaces the checkpoints
+    assert train.train(str(model_folder), records, tmp_path / "run", config) == final  # done: no work
+
+
+def test_training_resumes_from_the_last_checkpoint(loaded, model_folder, tmp_path, monkeypatch):
+    records = collect(loaded, tmp_path / "t.jsonl", count=3)
+    config = train.TrainConfig(steps=8, learning_rate=3e-3, warmup_steps=2, checkpoint_every=3)
+    whole = models.load(str(train.train(str(model_folder), records, tmp_path / "whole", config, progress=False)),
+                        dtype="float32")
+
+    real_losses, calls = train.sample_losses, []
+
+    def crash_in_step_five(*args):
+        calls.append(1)
+        if len(calls) == 5:
+            raise KeyboardInterrupt
+        return real_losses(*args)
+
+    monkeypatch.setattr(train, "sample_losses", crash_in_step_five)
+    with pytest.raises(KeyboardInterrupt):
+        train.train(str(model_folder), records, tmp_path / "cut", config, progress=False)
+    assert [p.name for p in train.checkpoints(tmp_path / "cut")] == ["checkpoint-000003"]
+    monkeypatch.setattr(train, "sample_losses", real_losses)
+    resumed = models.load(str(train.train(str(model_folder), records, tmp_path / "cut", config, progress=False)),
+                          dtype="float32")
+    for (name, a), b in zip(whole.model.state_dict().items(), resumed.model.state_dict().values()):
+        assert torch.allclose(a, b, atol=1e-6), name
+    assert [row["step"] for row in train.read_losses(tmp_path / "cut")] == list(range(1, 9))
