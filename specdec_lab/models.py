@@ -6,6 +6,7 @@ transformers folder, or a path to a .gguf file. Everything returns a `LoadedMode
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import logging
 import re
@@ -166,6 +167,20 @@ def quantization_config(quantization: str | None, compute_dtype: torch.dtype, do
     )
 
 
+@contextlib.contextmanager
+def _quiet_loading():
+    """No per-tensor progress bars in notebooks: loading is seconds, the bars are noise."""
+    from transformers.utils import logging
+
+    was_enabled = logging.is_progress_bar_enabled()
+    logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            logging.enable_progress_bar()
+
+
 def load(
     spec: str,
     dtype: str | torch.dtype = "bfloat16",
@@ -189,7 +204,7 @@ def load(
         kwargs["quantization_config"] = bnb
     kwargs["device_map"] = device if device != "cpu" else None
 
-    with warnings.catch_warnings():
+    with warnings.catch_warnings(), _quiet_loading():
         warnings.simplefilter("ignore")  # GGUF/bnb loaders warn about things that do not apply here
         try:
             model = AutoModelForCausalLM.from_pretrained(source, **kwargs)
@@ -208,14 +223,29 @@ def load(
     return LoadedModel(name=spec, model=model, tokenizer=tokenizer, dtype=torch_dtype, quantization=quantization)
 
 
+def load_tokenizer(spec: str):
+    """The tokenizer alone (for checks that must not wait for weights)."""
+    from transformers import AutoTokenizer
+
+    source, extra = resolve(spec)
+    return AutoTokenizer.from_pretrained(source, **extra)
+
+
 def torch_int8(model: torch.nn.Module) -> torch.nn.Module:
     """torch's dynamic int8 weight quantization of every nn.Linear (a CPU backend): weights int8 per
     tensor, activations quantized on the fly per call; everything else (embeddings, norms, attention,
     the KV cache) stays float32."""
+    model = model.float()
+    with torch.no_grad():
+        for module in model.modules():
+            if isinstance(module, torch.nn.Linear) and module.bias is not None:
+                # the packed layer keeps this very tensor; one that points into the memory-mapped
+                # checkpoint would keep the whole file mapped and resident (see own_float_tensors)
+                module.bias.data = module.bias.data.clone()
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # torch.ao.quantization is deprecated in favour of torchao
         # inplace: a copy would hold a second float32 model in memory while quantizing
-        return torch.ao.quantization.quantize_dynamic(model.float(), {torch.nn.Linear}, dtype=torch.qint8,
+        return torch.ao.quantization.quantize_dynamic(model, {torch.nn.Linear}, dtype=torch.qint8,
                                                       inplace=True)
 
 

@@ -226,6 +226,18 @@ def problems(notebook: str, values: Mapping) -> list[str]:
     return found
 
 
+def pair_problems(values: Mapping) -> list[str]:
+    """A draft must share the target's tokenizer (loads the two tokenizers, not the weights)."""
+    target, draft = values.get("target"), values.get("draft")
+    if not target or not draft or target == draft:
+        return []
+    try:
+        models.check_same_tokenizer(models.load_tokenizer(target), models.load_tokenizer(draft), target, draft)
+    except (ValueError, OSError, RuntimeError) as error:
+        return [str(error)]
+    return []
+
+
 def validate(notebook: str, values: Mapping) -> None:
     found = problems(notebook, values)
     if found:

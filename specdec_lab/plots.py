@@ -83,3 +83,26 @@ def tokens_per_forward(rows: pd.DataFrame, title: str = "Generated tokens per ta
     sns.barplot(data=rows, y="decoder", x="tokens_per_target_forward", hue="category", errorbar=("ci", 95), ax=ax)
     ax.set(xlabel="tokens per target forward (prefill counted)", ylabel="")
     return _finish(fig, title)
+
+
+def summary_speedups(table: pd.DataFrame, title: str = "Every method: speedup over its AR baseline"):
+    """Horizontal bars, one per (experiment, method); methods that are not lossless are hatched."""
+    data = table.assign(label=table.experiment + " · " + table.method).sort_values(["experiment", "speedup"])
+    fig, ax = plt.subplots(figsize=(10, 0.35 * len(data) + 1.5))
+    palette = dict(zip(sorted(data.experiment.unique()), sns.color_palette("tab10")))
+    bars = ax.barh(data.label, data.speedup, color=[palette[e] for e in data.experiment])
+    for bar, lossless in zip(bars, data.lossless):
+        if not lossless:
+            bar.set_hatch("//")
+            bar.set_edgecolor("black")
+    ax.axvline(1.0, color="gray", linestyle="--")
+    ax.set(xlabel="speedup over AR (geometric mean over prompts; hatched = not lossless)", ylabel="")
+    return _finish(fig, title)
+
+
+def speedup_vs_agreement(table: pd.DataFrame, title: str = "Speed is only worth it if the text is the target's"):
+    fig, ax = plt.subplots(figsize=(7, 5))
+    sns.scatterplot(data=table, x="agreement", y="speedup", hue="experiment", style="lossless", s=90, ax=ax)
+    ax.axhline(1.0, color="gray", linestyle="--")
+    ax.set(xlabel="agreement with the target's greedy output", ylabel="speedup over AR")
+    return _finish(fig, title)

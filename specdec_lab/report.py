@@ -38,6 +38,10 @@ def parameter_files(profile: str, only: list[str] | None = None) -> list[Path]:
     return files
 
 
+def _shown(path: Path) -> str:
+    return str(path.relative_to(params.REPO_ROOT)) if path.is_relative_to(params.REPO_ROOT) else str(path)
+
+
 def validate_all(files: list[Path]) -> dict[str, dict]:
     """Check every file before anything runs, so a typo in the last notebook's YAML fails in
     seconds, not after an hour of benchmarks."""
@@ -45,9 +49,11 @@ def validate_all(files: list[Path]) -> dict[str, dict]:
     for path in files:
         try:
             values[path.stem] = params.load_yaml(path)
-            found += [f"{path.relative_to(params.REPO_ROOT)}: {p}" for p in params.problems(path.stem, values[path.stem])]
+            problems = params.problems(path.stem, values[path.stem])
+            problems = problems or params.pair_problems(values[path.stem])  # tokenizers only if the rest is fine
+            found += [f"{_shown(path)}: {p}" for p in problems]
         except params.ParameterError as error:
-            found.append(f"{path.relative_to(params.REPO_ROOT)}: {error}")
+            found.append(f"{_shown(path)}: {error}")
     if found:
         raise params.ParameterError("bad parameter files (nothing was run):\n- " + "\n- ".join(found))
     return values
@@ -62,11 +68,39 @@ def write_headline(results_dir: str, notebook: str, numbers: dict) -> None:
     headline_path(results_dir, notebook).write_text(json.dumps(numbers, indent=1, default=str))
 
 
+HINTS = {
+    "OutOfMemoryError": "out of memory: lower max_new_tokens or num_prompts, pick a smaller model, or load it quantized",
+    "MemoryError": "out of memory: lower max_new_tokens or num_prompts, pick a smaller model, or load it quantized",
+    "FileNotFoundError": "a file is missing: check the paths in the parameter file",
+    "ParameterError": "fix the parameter file named above and run again",
+}
+
+
+def hint_for(ename: str, evalue: str) -> str:
+    if "out of memory" in evalue.lower():
+        return HINTS["OutOfMemoryError"]
+    return HINTS.get(ename, "see the message above; finished samples are kept, a rerun resumes")
+
+
+def replace_tracebacks(notebook) -> int:
+    """A report is read by people who did not write the code: an error cell shows the error's
+    message and what to do, not a stack trace (the executed .ipynb keeps the full traceback)."""
+    replaced = 0
+    for cell in notebook["cells"]:
+        for index, output in enumerate(cell.get("outputs", [])):
+            if output.get("output_type") == "error":
+                message = f"This step stopped: {output['ename']}: {output['evalue']}\nWhat to do: {hint_for(output['ename'], output['evalue'])}\n"
+                cell["outputs"][index] = {"output_type": "stream", "name": "stderr", "text": message}
+                replaced += 1
+    return replaced
+
+
 def render_html(executed: Path, out_dir: Path) -> list[Path]:
     import nbformat
     from nbconvert import HTMLExporter
 
     notebook = nbformat.read(executed, as_version=4)
+    replace_tracebacks(notebook)
     written = []
     for suffix, exclude_code in ((".html", True), (".code.html", False)):
         exporter = HTMLExporter(exclude_input=exclude_code, exclude_input_prompt=True, exclude_output_prompt=True)
@@ -102,12 +136,18 @@ def write_index(profile: str, out_dir: Path, run: list[tuple[str, dict, str]]) -
     return index
 
 
-def reproduce(profile: str, only: list[str] | None = None) -> int:
+def reproduce(profile: str, only: list[str] | None = None, results_dir: str | None = None,
+              reports_dir: str | Path | None = None) -> int:
+    """Run the profile's notebooks; `results_dir` / `reports_dir` override where results and
+    reports go (tests use temporary folders)."""
     import papermill
 
     files = parameter_files(profile, only)
     values = validate_all(files)
-    out_dir = REPORTS_DIR / profile
+    if results_dir is not None:
+        for notebook_values in values.values():
+            notebook_values["results_dir"] = str(results_dir)
+    out_dir = Path(reports_dir) if reports_dir is not None else REPORTS_DIR / profile
     out_dir.mkdir(parents=True, exist_ok=True)
     run, failed = [], []
     for path in files:
@@ -122,8 +162,8 @@ def reproduce(profile: str, only: list[str] | None = None) -> int:
             )
             status = f"ok in {time.time() - started:.0f} s"
         except papermill.PapermillExecutionError as error:
-            status = f"FAILED: {error.ename}: {error.evalue}"
-            failed.append(f"{stem}: {error.ename}: {error.evalue}")
+            status = f"FAILED: {error.ename}: {error.evalue} -- {hint_for(error.ename, error.evalue)}"
+            failed.append(f"{stem}: {status}")
         if executed.exists():
             render_html(executed, out_dir)
         run.append((stem, values[stem], status))
@@ -140,9 +180,11 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--profile", default="cpu")
     parser.add_argument("--only", nargs="*", help="notebook stems to run (default: all of the profile)")
+    parser.add_argument("--results-dir", help="write results here instead of the profile's results_dir")
+    parser.add_argument("--reports-dir", help="write reports here instead of reports/<profile>")
     args = parser.parse_args(argv)
     try:
-        return reproduce(args.profile, args.only)
+        return reproduce(args.profile, args.only, args.results_dir, args.reports_dir)
     except params.ParameterError as error:
         print(f"error: {error}", file=sys.stderr)
         return 2

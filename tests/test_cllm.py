@@ -104,7 +104,8 @@ def test_collection_resumes_after_an_interruption(loaded, tmp_path):
     lines = [json.loads(line) for line in path.read_text().splitlines()]
     assert len(lines) == 5 and len({row["prompt_id"] for row in lines}) == 5  # no duplicates
     assert written[2:] == ["p2", "p3", "p4"]  # only the missing prompts ran again
-    assert resumed == uninterrupted
+    timeless = lambda records: [{k: v for k, v in r.items() if k != "wall_time_s"} for r in records]
+    assert timeless(resumed) == timeless(uninterrupted)
 
 
 def test_other_settings_do_not_reuse_old_records(loaded, tmp_path):
@@ -134,20 +135,33 @@ def sample_at(state, fixed_point=(11, 12, 13, 14, 15)) -> Sample:
 
 def test_state_logits_line_up_with_the_fixed_point_logits(loaded):
     fixed_point = [11, 12, 13, 14, 15]
-    logits = losses.sample_logits(loaded.model, sample_at(fixed_point))
-    assert torch.allclose(logits["state"], logits["target"], atol=1e-5)
+    (_, state_logits, target), = losses.prompt_logits(loaded.model, [sample_at(fixed_point)])["states"]
+    assert torch.allclose(state_logits, target, atol=1e-5)
     # and the target rows are the model's own predictions for the block's tokens
     direct = loaded.model(torch.tensor([[3, 4, 5, 6, 20, 21, *fixed_point]])).logits[0, 5:10]
-    assert torch.allclose(logits["target"], direct, atol=1e-5)
+    assert torch.allclose(target, direct, atol=1e-5)
+
+
+def test_states_of_several_blocks_share_one_pass_without_changing_their_losses(loaded, tmp_path):
+    records = collect(loaded, tmp_path / "t.jsonl", count=5)
+    found = trajectories.samples(records)
+    prompt_id = max({s.prompt_id for s in found}, key=lambda p: len({s.block_index for s in found if s.prompt_id == p}))
+    states = [s for s in found if s.prompt_id == prompt_id]
+    assert len({s.block_index for s in states}) >= 2, "the tiny model should give a prompt with two blocks"
+    chosen = [states[0], states[-1], states[len(states) // 2]]
+    weights = losses.LossWeights()
+    together = losses.prompt_losses(loaded.model, chosen, weights)["consistency_loss"]
+    alone = torch.stack([losses.prompt_losses(loaded.model, [s], weights)["consistency_loss"] for s in chosen])
+    assert torch.isclose(together, alone.mean(), atol=1e-5)
 
 
 def test_consistency_loss_is_zero_at_the_fixed_point_and_positive_before(loaded):
     weights = losses.LossWeights()
-    at_fixed_point = losses.sample_losses(loaded.model, sample_at([11, 12, 13, 14, 15]), weights)
+    at_fixed_point = losses.prompt_losses(loaded.model, [sample_at([11, 12, 13, 14, 15])], weights)
     assert float(at_fixed_point["consistency_loss"].detach()) == 0.0
-    before = losses.sample_losses(loaded.model, sample_at([11, 40, 41, 42, 43]), weights)
+    before = losses.prompt_losses(loaded.model, [sample_at([11, 40, 41, 42, 43])], weights)
     assert float(before["consistency_loss"].detach()) > 1e-4
-    local = losses.sample_losses(loaded.model, sample_at([11, 40, 41, 42, 43]), losses.LossWeights(consistency="local"))
+    local = losses.prompt_losses(loaded.model, [sample_at([11, 40, 41, 42, 43])], losses.LossWeights(consistency="local"))
     assert float(local["consistency_loss"].detach()) > 1e-4
     assert torch.isclose(before["loss"], 10 * before["ar_loss"] + before["consistency_loss"])
 
@@ -166,7 +180,7 @@ def test_bad_loss_settings_fail_early():
 
 def mean_loss(model, samples, weights) -> float:
     with torch.no_grad():
-        return sum(float(losses.sample_losses(model, s, weights)["loss"]) for s in samples) / len(samples)
+        return sum(float(losses.prompt_losses(model, [s], weights)["loss"]) for s in samples) / len(samples)
 
 
 def test_a_few_training_steps_lower_the_loss(loaded, model_folder, tmp_path):
@@ -189,7 +203,7 @@ def test_training_resumes_from_the_last_checkpoint(loaded, model_folder, tmp_pat
     whole = models.load(str(train.train(str(model_folder), records, tmp_path / "whole", config, progress=False)),
                         dtype="float32")
 
-    real_losses, calls = train.sample_losses, []
+    real_losses, calls = train.prompt_losses, []
 
     def crash_in_step_five(*args):
         calls.append(1)
@@ -197,11 +211,11 @@ def test_training_resumes_from_the_last_checkpoint(loaded, model_folder, tmp_pat
             raise KeyboardInterrupt
         return real_losses(*args)
 
-    monkeypatch.setattr(train, "sample_losses", crash_in_step_five)
+    monkeypatch.setattr(train, "prompt_losses", crash_in_step_five)
     with pytest.raises(KeyboardInterrupt):
         train.train(str(model_folder), records, tmp_path / "cut", config, progress=False)
     assert [p.name for p in train.checkpoints(tmp_path / "cut")] == ["checkpoint-000003"]
-    monkeypatch.setattr(train, "sample_losses", real_losses)
+    monkeypatch.setattr(train, "prompt_losses", real_losses)
     resumed = models.load(str(train.train(str(model_folder), records, tmp_path / "cut", config, progress=False)),
                           dtype="float32")
     for (name, a), b in zip(whole.model.state_dict().items(), resumed.model.state_dict().values()):

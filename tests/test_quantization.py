@@ -26,12 +26,12 @@ PROMPT = [1, 5, 9, 14, 3, 22, 7]
 VOCAB, HIDDEN, LAYERS, KV_HEADS, HEADS = 64, 64, 2, 2, 4
 
 
-def save_tiny_model(path, seed: int) -> str:
+def save_tiny_model(path, seed: int, bias: bool = False) -> str:
     from tokenizers import Tokenizer, models as token_models, pre_tokenizers
 
     torch.manual_seed(seed)
     config = LlamaConfig(vocab_size=VOCAB, hidden_size=HIDDEN, intermediate_size=2 * HIDDEN, num_hidden_layers=LAYERS,
-                         num_attention_heads=HEADS, num_key_value_heads=KV_HEADS, max_position_embeddings=512,
+                         num_attention_heads=HEADS, num_key_value_heads=KV_HEADS, max_position_embeddings=512, attention_bias=bias, mlp_bias=bias,
                          eos_token_id=None, bos_token_id=None, pad_token_id=None, tie_word_embeddings=False)
     model = LlamaForCausalLM(config).float().eval()
     with torch.no_grad():  # larger weights than the default init: peaked, less repetitive greedy outputs
@@ -104,8 +104,9 @@ def test_torch_int8_weight_bytes_count_the_packed_int8_weights(load):
 @pytest.mark.skipif(not Path("/proc/self/maps").exists(), reason="needs Linux /proc")
 @pytest.mark.parametrize("name", ["nf4", "torch-int8"])
 def test_quantized_cpu_model_does_not_keep_the_checkpoint_mapped(tmp_path, name):
-    """Otherwise every checkpoint page read while quantizing stays in the RSS that peak memory reports."""
-    folder = save_tiny_model(tmp_path, 2)
+    """Otherwise every checkpoint page read while quantizing stays in the RSS that peak memory reports
+    (biases included: torch.ao's packed layers keep the bias tensor they were given)."""
+    folder = save_tiny_model(tmp_path, 2, bias=True)
     loaded = quantization.load_variant(folder, name, "float32", "cpu")
     assert str(tmp_path / "model.safetensors") not in Path("/proc/self/maps").read_text()
     assert loaded.weight_bytes > 0

@@ -73,36 +73,48 @@ def _logits(model, token_ids: Sequence[int], cache: DynamicCache) -> torch.Tenso
     return model(input_ids=input_ids, cache=cache, use_cache=True).logits[0]
 
 
-def sample_logits(model, sample: Sample, consistency: str = "global") -> dict[str, torch.Tensor]:
-    """The logits a sample's losses need, in one pass over prompt + greedy output plus one over the state.
+def prompt_logits(model, states: Sequence[Sample], consistency: str = "global") -> dict:
+    """The logits the losses need for some states of one prompt's trajectories.
 
-    The state runs on top of the first pass's KV cache, cut back to the block start, so the prefix
-    is computed once and gradients still flow through it. Rows of "state" and "target" predict the
-    block's tokens 0..n-1; "output" rows predict the greedy output's tokens.
+    One pass over prompt + greedy output gives the AR rows and the fixed points' distributions; each
+    state then runs on top of that pass's KV cache, cut back to its block's start, so the prefix is
+    computed once per prompt and gradients still flow through it. States go latest block first,
+    since a cache can only be cut shorter. Rows of each state's "state" and "target" logits predict
+    its block's tokens 0..n-1; "output" rows predict the greedy output's tokens.
     """
-    sequence = sample.prompt_ids + sample.output_ids
-    prompt_length = len(sample.prompt_ids)
-    context = prompt_length + sample.start  # tokens before the block
-    n = len(sample.fixed_point)
+    first = states[0]
+    if any(s.prompt_ids != first.prompt_ids or s.output_ids != first.output_ids for s in states):
+        raise ValueError("prompt_logits takes states of one prompt only (same prompt and greedy output)")
+    sequence = first.prompt_ids + first.output_ids
+    prompt_length = len(first.prompt_ids)
     cache = DynamicCache(config=model.config)
     logits = _logits(model, sequence, cache)
-    # row context-1+i predicts block token i: feed the token before the block, then the state minus its last
-    truncate_cache(cache, context - 1)
-    state_logits = _logits(model, [sequence[context - 1], *sample.state[: n - 1]], cache)
-    if consistency == "global":
-        target = logits[context - 1: context - 1 + n]
-    else:
-        truncate_cache(cache, context - 1)  # after the state's pass, whose graph keeps the prefix
-        with torch.no_grad():
-            target = _logits(model, [sequence[context - 1], *sample.next_state[: n - 1]], cache)
-    return {"output": logits[prompt_length - 1: len(sequence) - 1], "state": state_logits, "target": target.detach()}
+    per_state = []
+    for sample in sorted(states, key=lambda s: s.start, reverse=True):
+        context = prompt_length + sample.start  # tokens before the block
+        n = len(sample.fixed_point)
+        # row context-1+i predicts block token i: feed the token before the block, then the state minus its last
+        truncate_cache(cache, context - 1)
+        state_logits = _logits(model, [sequence[context - 1], *sample.state[: n - 1]], cache)
+        if consistency == "global":
+            target = logits[context - 1: context - 1 + n]
+        else:
+            truncate_cache(cache, context - 1)  # after the state's pass, whose graph keeps the prefix
+            with torch.no_grad():
+                target = _logits(model, [sequence[context - 1], *sample.next_state[: n - 1]], cache)
+        per_state.append((sample, state_logits, target.detach()))
+    return {"output": logits[prompt_length - 1: len(sequence) - 1], "states": per_state}
 
 
-def sample_losses(model, sample: Sample, weights: LossWeights) -> dict[str, torch.Tensor]:
-    """AR and consistency loss of one trajectory sample, and their weighted total."""
-    logits = sample_logits(model, sample, weights.consistency)
-    ar = ar_loss(logits["output"], sample.output_ids, weights.label_smoothing)
-    consistency = consistency_loss(logits["state"], logits["target"], consistency_mask(sample.state, sample.fixed_point))
+def prompt_losses(model, states: Sequence[Sample], weights: LossWeights) -> dict[str, torch.Tensor]:
+    """AR loss of one prompt's greedy output, consistency loss averaged over the given states of its
+    trajectories, and the weighted total."""
+    logits = prompt_logits(model, states, weights.consistency)
+    ar = ar_loss(logits["output"], states[0].output_ids, weights.label_smoothing)
+    consistency = torch.stack([
+        consistency_loss(state_logits, target, consistency_mask(sample.state, sample.fixed_point))
+        for sample, state_logits, target in logits["states"]
+    ]).mean()
     total = weights.ar_weight * ar + weights.consistency_weight * consistency
     return {"loss": total, "ar_loss": ar, "consistency_loss": consistency}
 

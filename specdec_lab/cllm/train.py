@@ -27,8 +27,8 @@ from tqdm.auto import tqdm
 
 from specdec_lab import models
 from specdec_lab.bench import config_hash, read_rows
-from specdec_lab.cllm.losses import LossWeights, sample_losses
-from specdec_lab.cllm.trajectories import samples, usable
+from specdec_lab.cllm.losses import LossWeights, prompt_losses
+from specdec_lab.cllm.trajectories import Sample, samples, usable
 
 STATE_FILE = "training_state.pt"
 LOSS_LOG = "losses.jsonl"
@@ -41,7 +41,8 @@ class TrainConfig:
     learning_rate: float = 2e-5
     warmup_steps: int = 10  # linear warm-up, then cosine decay to 10% of learning_rate
     weight_decay: float = 0.0
-    grad_accumulation: int = 1  # samples per optimizer step (per process)
+    grad_accumulation: int = 1  # prompts per optimizer step (per process)
+    states_per_step: int = 8  # trajectory states of the prompt trained on together (they share its forward pass)
     max_grad_norm: float = 1.0
     checkpoint_every: int = 50
     keep_checkpoints: int = 1
@@ -52,7 +53,7 @@ class TrainConfig:
     seed: int = 0
 
     def __post_init__(self):
-        for name in ("steps", "grad_accumulation", "checkpoint_every", "keep_checkpoints"):
+        for name in ("steps", "grad_accumulation", "states_per_step", "checkpoint_every", "keep_checkpoints"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
         if not self.learning_rate > 0:
@@ -71,13 +72,23 @@ def learning_rate(step: int, config: TrainConfig) -> float:
     return config.learning_rate * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(progress, 1.0))))
 
 
-def sample_order(count: int, position: int, seed: int) -> int:
-    """Index of the sample at global `position`: a fresh seeded permutation every epoch, so a resumed
-    run and an uninterrupted one see the same samples in the same order."""
-    epoch, offset = divmod(position, count)
-    order = list(range(count))
-    random.Random(seed * 100_003 + epoch).shuffle(order)
-    return order[offset]
+def by_prompt(found: Sequence[Sample]) -> list[list[Sample]]:
+    """Training states grouped by prompt, in first-seen order."""
+    groups: dict[str, list[Sample]] = {}
+    for sample in found:
+        groups.setdefault(sample.prompt_id, []).append(sample)
+    return list(groups.values())
+
+
+def batch_at(groups: Sequence[Sequence[Sample]], position: int, config: TrainConfig) -> list[Sample]:
+    """The prompt and states trained on at global `position`: prompts in a fresh seeded permutation
+    every epoch, states drawn by a generator seeded by the position, so a resumed run and an
+    uninterrupted one see the same data in the same order."""
+    epoch, offset = divmod(position, len(groups))
+    order = list(range(len(groups)))
+    random.Random(config.seed * 100_003 + epoch).shuffle(order)
+    states = groups[order[offset]]
+    return random.Random(f"{config.seed}-{position}").sample(list(states), min(config.states_per_step, len(states)))
 
 
 def checkpoints(out: Path) -> list[Path]:
@@ -149,7 +160,7 @@ def train(
         raise ValueError(f"{final} holds a run with other settings ({done['config']}); "
                          f"use another output folder or delete {out}")
     records = last_run(Path(trajectories)) if isinstance(trajectories, (str, Path)) else list(trajectories)
-    data = samples(usable(records)[0])
+    data = by_prompt(samples(usable(records)[0]))
     if not data:
         raise ValueError("no training states: every trajectory is degenerate or already converged; collect more prompts")
 
@@ -182,7 +193,7 @@ def train(
         totals = {"loss": 0.0, "ar_loss": 0.0, "consistency_loss": 0.0}
         for micro in range(config.grad_accumulation):
             position = (step * config.grad_accumulation + micro) * workers + rank
-            losses = sample_losses(network, data[sample_order(len(data), position, config.seed)], weights)
+            losses = prompt_losses(network, batch_at(data, position, config), weights)
             # gradients are synchronised across processes only on the last micro-batch
             context = accelerator.no_sync(network) if micro < config.grad_accumulation - 1 else nullcontext()
             with context:

@@ -90,14 +90,19 @@ class DraftModelCandidates:
             logits = forward(self.model, pending, self.cache, logits_to_keep=1)[-1, : self.vocab_size]
             self.forwards += 1
             self.cached_length += len(pending)
-            q = probabilities(logits, sampling)
-            token = int(q.argmax()) if sampling.greedy else int(sample(q, rng))
+            if sampling.greedy:  # greedy verification needs no q: skip the vocabulary-sized work
+                token = int(logits.argmax())
+                top_probability = float(logits.float().softmax(-1).max()) if self.confidence_threshold else 1.0
+            else:
+                q = probabilities(logits, sampling)
+                token = int(sample(q, rng))
+                top_probability = float(q.max())
+                distributions.append(q)
             proposed.append(token)
-            distributions.append(q)
-            if q.max() < self.confidence_threshold:
+            if top_probability < self.confidence_threshold:
                 break  # the draft is unsure: stop here rather than spend forwards on likely rejects
             pending = [token]
-        return Candidates(proposed, torch.stack(distributions))
+        return Candidates(proposed, torch.stack(distributions) if distributions else None)
 
     def update(self, tokens, num_accepted, num_proposed) -> None:
         # The cache is valid up to the last accepted token; everything after it is dropped.

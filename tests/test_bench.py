@@ -1,0 +1,95 @@
+"""The benchmark runner writes every sample at once, resumes, and never mixes configurations."""
+
+import json
+from functools import partial
+
+import pytest
+
+from specdec_lab import bench
+from specdec_lab.data import Prompt
+from specdec_lab.decoders import autoregressive
+from tiny import tiny_llama
+
+
+class Tokens:
+    """A stand-in tokenizer: prompt text is a space-separated list of ids."""
+
+    chat_template = None
+    bos_token_id = 1
+
+    def __call__(self, text):
+        return {"input_ids": [int(t) for t in text.split()]}
+
+    def decode(self, ids, skip_special_tokens=True):
+        return " ".join(map(str, ids))
+
+
+PROMPTS = [Prompt("a", "code", "1 5 6 7"), Prompt("b", "chat", "1 9 8 7 6")]
+
+
+class Counting:
+    def __init__(self, decode, fail_after=None):
+        self.decode, self.calls, self.fail_after = decode, 0, fail_after
+
+    def __call__(self, prompt_ids):
+        if self.fail_after is not None and self.calls >= self.fail_after:
+            raise KeyboardInterrupt("simulated interruption")
+        self.calls += 1
+        return self.decode(prompt_ids)
+
+
+def decoders(**counting):
+    model = tiny_llama()
+    return {"ar": Counting(partial(autoregressive.generate, model, max_new_tokens=6, stop_ids=[]), **counting)}
+
+
+def test_rows_are_written_as_produced_and_a_rerun_resumes(tmp_path):
+    out = tmp_path / "runs.jsonl"
+    interrupted = decoders(fail_after=3)
+    with pytest.raises(KeyboardInterrupt):
+        bench.run(interrupted, PROMPTS, Tokens(), out, repeats=2, warmup=0, config={"x": 1})
+    assert len(out.read_text().splitlines()) == 3  # nothing finished was lost
+
+    resumed = decoders()
+    rows = bench.run(resumed, PROMPTS, Tokens(), out, repeats=2, warmup=0, config={"x": 1})
+    assert resumed["ar"].calls == 1  # only the missing sample ran
+    assert len(rows) == 4 and sorted(zip(rows.prompt_id, rows.repeat)) == [("a", 0), ("a", 1), ("b", 0), ("b", 1)]
+
+    uninterrupted = bench.run(decoders(), PROMPTS, Tokens(), tmp_path / "once.jsonl", repeats=2, warmup=0, config={"x": 1})
+    key = ["prompt_id", "repeat"]
+    assert rows.sort_values(key).tokens.tolist() == uninterrupted.sort_values(key).tokens.tolist()
+
+
+def test_other_parameters_never_mix_with_old_rows(tmp_path):
+    out = tmp_path / "runs.jsonl"
+    bench.run(decoders(), PROMPTS, Tokens(), out, repeats=1, warmup=0, config={"max_new_tokens": 6})
+    fresh = decoders()
+    rows = bench.run(fresh, PROMPTS, Tokens(), out, repeats=1, warmup=0, config={"max_new_tokens": 7})
+    assert fresh["ar"].calls == 2 and len(rows) == 2
+    assert {r["config"]["max_new_tokens"] for r in map(json.loads, out.read_text().splitlines())} == {6, 7}
+
+
+def test_a_line_cut_off_by_a_crash_is_skipped(tmp_path):
+    out = tmp_path / "runs.jsonl"
+    bench.run(decoders(), PROMPTS[:1], Tokens(), out, repeats=1, warmup=0)
+    with out.open("a") as handle:
+        handle.write('{"run_id": "half a li')
+    assert len(bench.read_rows(out)) == 1
+
+
+def test_rows_carry_derived_numbers_and_environment(tmp_path):
+    rows = bench.run(decoders(), PROMPTS[:1], Tokens(), tmp_path / "r.jsonl", repeats=1, warmup=1)
+    row = rows.iloc[0]
+    assert row.num_tokens == 6 and row.tokens_per_second > 0 and row.target_forwards == 6
+    assert row.env["torch"] and row.text == " ".join(map(str, row.tokens))
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    (dict(prompts=[]), "empty prompt set"),
+    (dict(repeats=0), "repeats must be >= 1"),
+    (dict(decoders={}), "no decoders"),
+])
+def test_bad_runner_input(tmp_path, kwargs, message):
+    arguments = dict(decoders=decoders(), prompts=PROMPTS, tokenizer=Tokens(), out=tmp_path / "r.jsonl") | kwargs
+    with pytest.raises(ValueError, match=message):
+        bench.run(**arguments)

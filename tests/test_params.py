@@ -1,0 +1,74 @@
+"""Every parameter file is validated before any model loads; each bad input gets a message that
+names the bad value (the README's table lists these checks)."""
+
+import pytest
+
+from specdec_lab import params, report
+
+
+@pytest.mark.parametrize("profile", report.profiles())
+def test_every_shipped_parameter_file_is_valid(profile):
+    for path in report.parameter_files(profile):
+        assert params.problems(path.stem, params.load_yaml(path)) == [], path
+
+
+def test_every_profile_covers_the_same_notebooks():
+    stems = {profile: sorted(p.stem for p in report.parameter_files(profile)) for profile in report.profiles()}
+    assert len({tuple(v) for v in stems.values()}) == 1, stems
+    notebooks = sorted(p.stem for p in params.NOTEBOOKS_DIR.glob("*.ipynb"))
+    assert stems["cpu"] == notebooks
+
+
+GOOD = params.load_yaml(params.REPO_ROOT / "params/smoke/02_speculative.yaml")
+
+
+@pytest.mark.parametrize("change, message", [
+    ({"kk": 5}, "unknown parameter 'kk'"),
+    ({"k": 0}, "k must be an integer >= 1, got 0"),
+    ({"k": "5"}, "k must be int"),
+    ({"k_values": [3, 0]}, "k_values must hold integers >= 1"),
+    ({"max_new_tokens": -1}, "max_new_tokens must be an integer >= 1"),
+    ({"repeats": 0}, "repeats must be an integer >= 1"),
+    ({"prompt_sets": []}, "empty prompt set"),
+    ({"prompt_sets": ["humanevil"]}, "unknown prompt set 'humanevil'"),
+    ({"target": "no-such-model"}, "unknown model 'no-such-model'"),
+    ({"draft": "/nowhere/model.gguf"}, "does not exist"),
+    ({"dtype": "bf17"}, "dtype must be one of"),
+    ({"device": "tpu"}, "device must be one of"),
+    ({"fp32_control": "yes"}, "fp32_control must be bool"),
+])
+def test_bad_values_are_named(change, message):
+    found = params.problems("02_speculative", GOOD | change)
+    assert any(message in problem for problem in found), found
+
+
+def test_all_problems_are_reported_at_once():
+    with pytest.raises(params.ParameterError) as error:
+        params.validate("02_speculative", GOOD | {"k": 0, "repeats": 0})
+    assert "k must" in str(error.value) and "repeats must" in str(error.value)
+
+
+def test_bad_yaml_and_unknown_profile_and_notebook(tmp_path):
+    broken = tmp_path / "01_baseline.yaml"
+    broken.write_text("k: [1, 2\n")
+    with pytest.raises(params.ParameterError, match="not valid YAML"):
+        params.load_yaml(broken)
+    with pytest.raises(params.ParameterError, match="unknown profile 'gpuu'"):
+        report.parameter_files("gpuu")
+    with pytest.raises(params.ParameterError, match="unknown notebook"):
+        params.notebook_defaults("99_nothing")
+
+
+def test_reproduce_stops_before_running_anything(tmp_path, monkeypatch):
+    profile = tmp_path / "bad"
+    profile.mkdir()
+    (profile / "01_baseline.yaml").write_text("max_new_tokens: 0\n")
+    monkeypatch.setattr(report, "PARAMS_DIR", tmp_path)
+    assert report.main(["--profile", "bad"]) == 2
+
+
+@pytest.mark.integration
+def test_a_draft_with_another_tokenizer_is_refused_before_loading_weights():
+    found = params.pair_problems({"target": "qwen2.5-coder-0.5b-instruct", "draft": "smollm2-135m-instruct"})
+    assert found and "different vocabularies" in found[0]
+    assert params.pair_problems({"target": "qwen2.5-coder-1.5b-instruct", "draft": "qwen2.5-coder-0.5b-instruct"}) == []

@@ -1,0 +1,99 @@
+"""`make reproduce` as a researcher meets it, on the smoke profile: the reports render with their
+figures and without errors (checked in headless Chromium), and an interrupted run resumes."""
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from specdec_lab import bench, report
+
+ROOT = Path(__file__).resolve().parents[1]
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+
+
+def reproduce_command(results: Path, reports: Path, *only: str) -> list[str]:
+    command = [sys.executable, "-m", "specdec_lab.report", "--profile", "smoke",
+               "--results-dir", str(results), "--reports-dir", str(reports)]
+    return command + (["--only", *only] if only else [])
+
+
+@pytest.fixture(scope="module")
+def smoke_reports(tmp_path_factory):
+    base = tmp_path_factory.mktemp("smoke")
+    done = subprocess.run(reproduce_command(base / "results", base / "reports"), cwd=ROOT,
+                          capture_output=True, text=True, timeout=1800)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    return base / "reports"
+
+
+def dump_dom(page: Path, tmp_path: Path) -> str:
+    """The page as Chromium renders it (headless, no network, a throwaway profile)."""
+    done = subprocess.run(
+        [CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+         "--disable-component-update", "--no-first-run", f"--user-data-dir={tmp_path / 'chromium'}",
+         "--dump-dom", page.as_uri()],
+        capture_output=True, text=True, timeout=120,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    return done.stdout
+
+
+@pytest.mark.integration
+@pytest.mark.skipif(CHROMIUM is None, reason="headless Chromium is not installed (.ci/run installs it)")
+def test_index_and_every_report_render_with_figures_and_no_errors(smoke_reports, tmp_path):
+    index = dump_dom(smoke_reports / "index.html", tmp_path)
+    notebooks = sorted(p.stem for p in (ROOT / "notebooks").glob("*.ipynb"))
+    for stem in notebooks:
+        assert f'href="{stem}.html"' in index, stem
+        assert "FAILED" not in index
+    for stem in notebooks:
+        dom = dump_dom(smoke_reports / f"{stem}.html", tmp_path)
+        assert "Traceback" not in dom and "This step stopped" not in dom, stem
+        assert dom.count("<img") >= 1, f"{stem} shows no figure"
+        assert "from specdec_lab import" not in dom, f"{stem}: code should be hidden in the default render"
+        assert "from specdec_lab import" in (smoke_reports / f"{stem}.code.html").read_text()
+
+
+@pytest.mark.integration
+def test_an_interrupted_reproduce_resumes_without_recomputing(tmp_path):
+    results, reports = tmp_path / "results", tmp_path / "reports"
+    runs = results / "01_baseline" / "runs.jsonl"
+    process = subprocess.Popen(reproduce_command(results, reports, "01_baseline"), cwd=ROOT,
+                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    deadline = time.time() + 600
+    while time.time() < deadline and process.poll() is None:
+        if runs.exists() and len(bench.read_rows(runs)) >= 2:
+            os.killpg(process.pid, signal.SIGKILL)  # as hard as a crash: no cleanup runs
+            break
+        time.sleep(0.02)
+    process.wait()
+    before = bench.read_rows(runs)
+    assert 2 <= len(before) < 8, "the run should have been interrupted part-way (8 samples in smoke)"
+
+    done = subprocess.run(reproduce_command(results, reports, "01_baseline"), cwd=ROOT, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-3000:]
+    after = bench.read_rows(runs)
+    assert after[: len(before)] == before  # finished samples were kept, not recomputed
+    keys = [(r["decoder"], r["prompt_id"], r["repeat"]) for r in after]
+    assert len(keys) == len(set(keys)) == 8
+
+    fresh = tmp_path / "fresh"
+    subprocess.run(reproduce_command(fresh, tmp_path / "fresh-reports", "01_baseline"), cwd=ROOT, check=True,
+                   capture_output=True)
+    tokens = lambda rows: sorted((r["decoder"], r["prompt_id"], r["repeat"], r["tokens"]) for r in rows)
+    assert tokens(after) == tokens(bench.read_rows(fresh / "01_baseline" / "runs.jsonl"))
+
+
+def test_an_error_shows_a_message_and_a_hint_not_a_traceback():
+    notebook = {"cells": [{"outputs": [{"output_type": "error", "ename": "OutOfMemoryError",
+                                        "evalue": "CUDA out of memory", "traceback": ["..."]}]}]}
+    assert report.replace_tracebacks(notebook) == 1
+    text = notebook["cells"][0]["outputs"][0]["text"]
+    assert "OutOfMemoryError" in text and "lower max_new_tokens" in text
