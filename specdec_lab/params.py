@@ -163,6 +163,7 @@ RULES: dict[str, Callable[[str, object], str | None]] = {
     "train_steps": _positive_int,
     "learning_rate": _positive_number,
     "grad_accumulation": _positive_int,
+    "states_per_step": _positive_int,
     "ar_weight": _non_negative_number,
     "consistency_weight": _non_negative_number,
     "consistency": _one_of(("global", "local")),

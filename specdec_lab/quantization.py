@@ -2,8 +2,8 @@
 to speculative decoding when the draft, the target or both are quantized.
 
 Quantization names (the notebook's vocabulary; `models.load` takes the same names, "none" = None):
-- "none": the weights in `dtype` as loaded. For the offline zoo models these are Q4_K_M GGUF
-  weights dequantized to bf16/fp32: a Q4-quality model held in 16/32-bit, not an original checkpoint.
+- "none": the weights in `dtype` as loaded. For the offline zoo models these are 4-bit GGUF
+  weights (Q4_K_M, Q4_1) dequantized to bf16/fp32: a Q4-quality model held in 16/32-bit.
 - "nf4", "fp4": bitsandbytes 4-bit weights (blockwise NF4 / FP4), activations in `dtype`.
 - "int8": bitsandbytes LLM.int8 (int8 weights; activation columns with outliers kept in fp16).
 - "torch-int8": torch.ao dynamic quantization: int8 Linear weights, activations quantized per
@@ -64,14 +64,22 @@ def describe(quantization: str, dtype: str, device: str) -> str:
     if quantization == "none":
         return f"weights and compute in {compute}"
     if quantization in ("nf4", "fp4"):
-        text = f"4-bit {quantization} weights (blocks of 64, one absmax each), dequantized for every matmul; compute dtype {compute}"
+        text = (f"4-bit {quantization} weights (blocks of 64, one absmax each), dequantized for every matmul; "
+                f"compute dtype {compute}")
         if device == "cpu" and _cpu_4bit_kernel_is_bf16():
-            text += " (this CPU has AVX512-BF16: bitsandbytes' fused CPU kernel computes the 4-bit matmuls in bf16 whatever the compute dtype)"
+            text += (" (this CPU has AVX512-BF16: bitsandbytes' fused CPU kernel computes the 4-bit matmuls "
+                     "in bf16 whatever the compute dtype)")
         return text
     if quantization == "int8":
         return (f"LLM.int8: int8 weights, activations quantized per row to int8, outlier columns (|x| > 6) "
                 f"in fp16; the rest of the model (attention, norms, KV cache) in {compute}")
-    return "torch.ao dynamic int8: int8 Linear weights, activations quantized per call; embeddings, norms, attention and the KV cache in fp32"
+    return ("torch.ao dynamic int8: int8 Linear weights, activations quantized per call; embeddings, norms, "
+            "attention and the KV cache in fp32")
+
+
+def describe_all(names: Sequence[str], dtype: str, device: str) -> str:
+    """A Markdown list: each variant's label and what it stores and computes in which precision."""
+    return "\n".join(f"- **{label(name, dtype)}**: {describe(name, dtype, device)}" for name in names)
 
 
 def _cpu_4bit_kernel_is_bf16() -> bool:
@@ -83,14 +91,16 @@ def _cpu_4bit_kernel_is_bf16() -> bool:
 
 
 def check_quantizations(names: Sequence[str], device: str, dtype: str, double_quant: bool = False) -> None:
-    """Refuse, before any model loads, a quantization that cannot run on `device` (see models.check_quantization)."""
+    """Refuse, before any model loads, a quantization that cannot run on `device`
+    (see models.check_quantization)."""
     for name in names:
         models.check_quantization(None if check_name(name) == "none" else name,
                                   models.parse_dtype(dtype_for(name, dtype)), device,
                                   double_quant and name in ("nf4", "fp4"))
 
 
-def load_variant(spec: str, quantization: str, dtype: str, device: str, double_quant: bool = False) -> models.LoadedModel:
+def load_variant(spec: str, quantization: str, dtype: str, device: str,
+                 double_quant: bool = False) -> models.LoadedModel:
     """`models.load` with a quantization name; double_quant applies to the 4-bit ones only. Loads
     without transformers' per-load progress bar (a sweep loads many variants; the benchmark's own
     progress bars say where it is)."""
@@ -128,13 +138,22 @@ def free_memory() -> None:
 
 
 @torch.inference_mode()
+def first_forward(model) -> None:
+    """One tiny forward pass, so one-time work is done before anything is measured: bitsandbytes'
+    CPU 4-bit layers repack their weights on first use (a transient of hundreds of MB that would
+    otherwise land in the first generation's peak memory)."""
+    forward(model, [0], new_cache(model), logits_to_keep=1)
+
+
+@torch.inference_mode()
 def kv_cache_bytes_at(model, prompt_ids: Sequence[int], num_tokens: int) -> int:
     """Bytes of the KV cache once it holds `num_tokens` tokens (prompt + generated). The cache's
     size does not depend on which tokens they are, so one forward pass over the prompt, repeated to
     length, stands in for a whole generation."""
     prompt_ids = list(prompt_ids)
     if num_tokens < 1 or not prompt_ids:
-        raise ValueError(f"need a non-empty prompt and num_tokens >= 1, got {len(prompt_ids)} tokens and {num_tokens}")
+        raise ValueError(f"need a non-empty prompt and num_tokens >= 1, got {len(prompt_ids)} tokens "
+                         f"and num_tokens={num_tokens}")
     token_ids = (prompt_ids * math.ceil(num_tokens / len(prompt_ids)))[:num_tokens]
     cache = new_cache(model)
     forward(model, token_ids, cache, logits_to_keep=1)
@@ -143,16 +162,20 @@ def kv_cache_bytes_at(model, prompt_ids: Sequence[int], num_tokens: int) -> int:
 
 # --- one model, every quantization: memory, speed, quality ------------------------------------------
 
+Variants = dict  # (model spec, quantization name) -> models.LoadedModel, shared by the sweeps
+
+
 def _measure_variant(role: str, spec: str, quantization: str, prompts, *, dtype, device, double_quant,
                      max_new_tokens, repeats, warmup, out_dir: Path, config: dict,
-                     footprint: dict | None) -> tuple[dict, pd.DataFrame]:
-    """Load one variant, time AR greedy decoding (bench rows; its peak memory comes first, before
+                     footprint: dict | None) -> tuple[dict, pd.DataFrame, models.LoadedModel]:
+    """Load one variant, time AR greedy decoding (bench rows, whose peak memory comes first, before
     anything else ran on this model), then measure weights, KV cache and perplexity unless
-    `footprint` already holds them. The model is freed when this function returns."""
+    `footprint` already holds them."""
     free_memory()
     baseline = memory_now(device)
     loaded = load_variant(spec, quantization, dtype, device, double_quant)
-    free_memory()  # what loading freed (a float copy before quantizing) is not the model's memory
+    first_forward(loaded.model)
+    free_memory()  # what loading and repacking freed is not the model's memory
     name = f"{role} {label(quantization, dtype)}"
     rows = bench.run({name: partial(autoregressive.generate, loaded.model, max_new_tokens=max_new_tokens)},
                      prompts, loaded.tokenizer, out=out_dir / "ar.jsonl", repeats=repeats, warmup=warmup,
@@ -169,16 +192,21 @@ def _measure_variant(role: str, spec: str, quantization: str, prompts, *, dtype,
             "perplexity": quality.text_perplexity(loaded.model, loaded.tokenizer),
             "perplexity_tokens": sum(len(ids) - 1 for ids in quality.encode_texts(loaded.tokenizer)),
         }
-    return footprint, rows.assign(role=role, quantization=quantization)
+    return footprint, rows.assign(role=role, quantization=quantization), loaded
 
 
 def footprint_sweep(models_by_role: dict[str, str], quantizations: Sequence[str], prompts, *, dtype: str,
                     device: str, double_quant: bool, max_new_tokens: int, repeats: int, warmup: int,
-                    out_dir: Path, config: dict) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """For each model (role -> spec) and quantization, one variant in memory at a time: AR bench rows
-    and a footprint row. Returns (footprints, AR rows). A rerun resumes: bench rows and footprint
-    rows already written for this configuration (ar.jsonl, footprints.jsonl under out_dir) are kept."""
+                    out_dir: Path, config: dict, variants: Variants | None = None,
+                    keep: set = frozenset()) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """For each model (role -> spec) and quantization: AR bench rows and a footprint row. Returns
+    (footprints, AR rows). Each variant is loaded fresh and freed after its measurement, except the
+    (spec, quantization) keys in `keep`, which are left in `variants` for a later sweep (the peak
+    memory is taken above what the process held before the load, so kept variants do not count).
+    A rerun resumes: rows already written for this configuration (ar.jsonl, footprints.jsonl under
+    out_dir) are kept."""
     check_quantizations(quantizations, device, dtype)
+    variants = {} if variants is None else variants
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     footprint_file = out_dir / "footprints.jsonl"
@@ -187,16 +215,21 @@ def footprint_sweep(models_by_role: dict[str, str], quantizations: Sequence[str]
     footprints, frames = [], []
     for role, spec in models_by_role.items():
         for quantization in quantizations:
+            variants.pop((spec, quantization), None)  # a copy from an earlier run would blur the baseline
             known = done.get((role, quantization))
-            row, rows = _measure_variant(role, spec, quantization, prompts, dtype=dtype, device=device,
-                                         double_quant=double_quant, max_new_tokens=max_new_tokens, repeats=repeats,
-                                         warmup=warmup, out_dir=out_dir, config=config, footprint=known)
-            free_memory()
+            row, rows, loaded = _measure_variant(
+                role, spec, quantization, prompts, dtype=dtype, device=device, double_quant=double_quant,
+                max_new_tokens=max_new_tokens, repeats=repeats, warmup=warmup, out_dir=out_dir, config=config,
+                footprint=known)
+            if (spec, quantization) in keep:
+                variants[(spec, quantization)] = loaded
+            del loaded
             if known is None:
                 row = {"run_id": run_id, **row}
                 _append(footprint_file, row)
             footprints.append(row)
             frames.append(rows)
+    free_memory()
     return pd.DataFrame(footprints), pd.concat(frames, ignore_index=True)
 
 
@@ -291,24 +324,41 @@ def target_ar_name(target_quantization: str, dtype: str) -> str:
     return f"target {label(target_quantization, dtype)} AR"
 
 
-def _grid_for_target(target_quantization: str, pairs: list[Pair], prompts, *, target: str, draft: str, dtype: str,
-                     device: str, double_quant: bool, k: int, max_new_tokens: int, repeats: int, warmup: int,
-                     out: Path, config: dict) -> pd.DataFrame:
+def needed_variants(pairs: Sequence[str], target: str, draft: str) -> set[tuple[str, str]]:
+    """The (spec, quantization) keys the speculative grid loads (a self-draft is a target variant)."""
+    keys = set()
+    for pair in map(parse_pair, pairs):
+        keys |= {(target, pair.target), (target if pair.self_draft else draft, pair.draft)}
+    return keys
+
+
+def variants_to_keep(pairs: Sequence[str], target: str, draft: str, device: str) -> set[tuple[str, str]]:
+    """On CPU the footprint sweep hands its variants on to the speculative grid: bitsandbytes
+    quantizes on the CPU slowly (about a minute for a 1.5B model on 2 cores). On a GPU loading is
+    quick and memory scarcer, so every variant is loaded when needed and freed after."""
+    return needed_variants(pairs, target, draft) if models._device_type(device) == "cpu" else set()
+
+
+def _variant(variants: Variants, spec: str, quantization: str, dtype: str, device: str,
+             double_quant: bool) -> models.LoadedModel:
+    if (spec, quantization) not in variants:
+        variants[(spec, quantization)] = load_variant(spec, quantization, dtype, device, double_quant)
+    return variants[(spec, quantization)]
+
+
+def _grid_for_target(target_quantization: str, pairs: list[Pair], prompts, variants: Variants, *, target: str,
+                     draft: str, dtype: str, device: str, double_quant: bool, k: int, max_new_tokens: int,
+                     repeats: int, warmup: int, out: Path, config: dict) -> pd.DataFrame:
     """AR of one target variant and every speculative pair on it, side by side in one bench run."""
-    target_model = load_variant(target, target_quantization, dtype, device, double_quant)
-    drafts = {}
-    for pair in pairs:
-        if (pair.self_draft, pair.draft) not in drafts:
-            drafts[(pair.self_draft, pair.draft)] = load_variant(target if pair.self_draft else draft, pair.draft,
-                                                                 dtype, device, double_quant)
-            models.check_same_tokenizer(target_model.tokenizer, drafts[(pair.self_draft, pair.draft)].tokenizer,
-                                        target, draft)
+    target_model = _variant(variants, target, target_quantization, dtype, device, double_quant)
     line_up = {target_ar_name(target_quantization, dtype):
                partial(autoregressive.generate, target_model.model, max_new_tokens=max_new_tokens)}
     for pair in pairs:
-        candidates = DraftModelCandidates(drafts[(pair.self_draft, pair.draft)].model, k)
-        line_up[pair.name(dtype)] = partial(speculative.generate, target_model.model, candidates,
-                                            max_new_tokens=max_new_tokens)
+        draft_model = _variant(variants, target if pair.self_draft else draft, pair.draft, dtype, device,
+                               double_quant)
+        models.check_same_tokenizer(target_model.tokenizer, draft_model.tokenizer, target, draft)
+        line_up[pair.name(dtype)] = partial(speculative.generate, target_model.model,
+                                            DraftModelCandidates(draft_model.model, k), max_new_tokens=max_new_tokens)
     rows = bench.run(line_up, prompts, target_model.tokenizer, out=out, repeats=repeats, warmup=warmup,
                      config={**config, "target_quantization": target_quantization},
                      desc=f"target {label(target_quantization, dtype)}")
@@ -324,19 +374,26 @@ def _grid_for_target(target_quantization: str, pairs: list[Pair], prompts, *, ta
 
 def speculative_grid(pairs: Sequence[str], prompts, *, target: str, draft: str, dtype: str, device: str,
                      double_quant: bool, k: int, max_new_tokens: int, repeats: int, warmup: int, out: Path,
-                     config: dict) -> pd.DataFrame:
-    """Every pair, grouped by target variant (one target in memory at a time, with the drafts it
-    needs); each group is one bench run (AR + its pairs side by side). Resumable through `out`."""
+                     config: dict, variants: Variants | None = None) -> pd.DataFrame:
+    """Every pair, grouped by target variant; each group is one bench run (AR + its pairs side by
+    side). Variants come from `variants` or are loaded into it; a target variant is freed after its
+    group unless a later pair drafts with it, so one target variant is in memory at a time and each
+    draft variant is loaded once. Resumable through `out`."""
     parsed = check_pairs(pairs, device, dtype)
+    variants = {} if variants is None else variants
     by_target: dict[str, list[Pair]] = {}
     for pair in parsed:
         by_target.setdefault(pair.target, []).append(pair)
+    draft_keys = {(target if p.self_draft else draft, p.draft) for p in parsed}
     frames = []
     for target_quantization, group in by_target.items():
-        frames.append(_grid_for_target(target_quantization, group, prompts, target=target, draft=draft, dtype=dtype,
-                                       device=device, double_quant=double_quant, k=k, max_new_tokens=max_new_tokens,
-                                       repeats=repeats, warmup=warmup, out=Path(out), config=config))
-        free_memory()
+        frames.append(_grid_for_target(target_quantization, group, prompts, variants, target=target, draft=draft,
+                                       dtype=dtype, device=device, double_quant=double_quant, k=k,
+                                       max_new_tokens=max_new_tokens, repeats=repeats, warmup=warmup, out=Path(out),
+                                       config=config))
+        if (target, target_quantization) not in draft_keys:
+            variants.pop((target, target_quantization), None)
+            free_memory()
     return pd.concat(frames, ignore_index=True)
 
 
@@ -425,9 +482,10 @@ def baseline_note(spec: str, dtype: str) -> str:
     if spec in zoo.ZOO:
         found = re.search(r"q\d+(_[a-z0-9]+)*", zoo.ZOO[spec].gguf_name, re.IGNORECASE)
         kind = found.group(0).upper() if found else "quantized"
-        return (f"`{spec}` comes from an offline mirror of a **{kind}** GGUF file: its \"unquantized\" baseline ({held}) holds those 4-bit weights dequantized to {held}. "
-                "Quantizing it again re-rounds already-rounded weights: the memory saved is real, but quality is "
-                "measured against a Q4-quality model, not against the original checkpoint.")
+        return (f"`{spec}` comes from an offline mirror of a **{kind}** GGUF file: its \"unquantized\" "
+                f"baseline ({held}) holds those 4-bit weights dequantized to {held}. Quantizing it again "
+                "re-rounds already-rounded weights: the memory saved is real, but quality is measured against a "
+                "Q4-quality model, not against the original checkpoint.")
     return f"`{spec}`: the unquantized baseline holds the checkpoint's weights in {held}."
 
 
@@ -436,8 +494,9 @@ def speculative_sentences(table: pd.DataFrame) -> list[str]:
     lines = []
     for row in table.sort_values("speedup", ascending=False).itertuples():
         line = (f"{row.pair}: acceptance {row.acceptance_rate:.0%}, {row.speedup:.2f}x over AR of the {row.target} "
-                f"target (samples {row.speedup_min:.2f}-{row.speedup_max:.2f}x), {row.tokens_per_target_forward:.2f} "
-                f"tokens per target forward, agreement with that target's greedy output {row.agreement_with_target:.0%}")
+                f"target (samples {row.speedup_min:.2f}-{row.speedup_max:.2f}x), "
+                f"{row.tokens_per_target_forward:.2f} tokens per target forward, agreement with that target's "
+                f"greedy output {row.agreement_with_target:.0%}")
         if not math.isnan(row.agreement_with_unquantized):
             line += f", with the unquantized target's {row.agreement_with_unquantized:.0%}"
         lines.append(line + ".")
@@ -452,6 +511,18 @@ def headline(table: pd.DataFrame, spec_table: pd.DataFrame) -> dict:
         numbers[f"target {row.label}: speed vs unquantized (x)"] = round(float(row.speed_vs_unquantized), 2)
     if not spec_table.empty:
         best = spec_table.sort_values("speedup", ascending=False).iloc[0]
-        numbers["fastest quantized speculative pair"] = best.pair
+        numbers["fastest speculative pair"] = best.pair
         numbers["its speedup over AR of its target (x)"] = round(float(best.speedup), 2)
     return numbers
+
+
+def summary_table(spec_table: pd.DataFrame) -> pd.DataFrame:
+    """The speculative pairs in the summary's columns (index = method), for `summary.write`."""
+    return pd.DataFrame({
+        "speedup": spec_table.speedup.values,
+        "tokens_per_second": 1000 / spec_table.ms_per_token.values,
+        "tokens_per_target_forward": spec_table.tokens_per_target_forward.values,
+        "agreement": spec_table.agreement_with_target.values,
+        "full_match_rate": spec_table.full_match_rate.values,
+        "acceptance_rate": spec_table.acceptance_rate.values,
+    }, index=pd.Index(spec_table.pair.values, name="method"))

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 import math
+import re
 import sys
 from pathlib import Path
 
@@ -31,8 +32,9 @@ def save_tiny_model(path, seed: int, bias: bool = False) -> str:
 
     torch.manual_seed(seed)
     config = LlamaConfig(vocab_size=VOCAB, hidden_size=HIDDEN, intermediate_size=2 * HIDDEN, num_hidden_layers=LAYERS,
-                         num_attention_heads=HEADS, num_key_value_heads=KV_HEADS, max_position_embeddings=512, attention_bias=bias, mlp_bias=bias,
-                         eos_token_id=None, bos_token_id=None, pad_token_id=None, tie_word_embeddings=False)
+                         num_attention_heads=HEADS, num_key_value_heads=KV_HEADS, max_position_embeddings=512,
+                         attention_bias=bias, mlp_bias=bias, eos_token_id=None, bos_token_id=None, pad_token_id=None,
+                         tie_word_embeddings=False)
     model = LlamaForCausalLM(config).float().eval()
     with torch.no_grad():  # larger weights than the default init: peaked, less repetitive greedy outputs
         for parameter in model.parameters():
@@ -43,6 +45,15 @@ def save_tiny_model(path, seed: int, bias: bool = False) -> str:
     words.pre_tokenizer = pre_tokenizers.Whitespace()
     PreTrainedTokenizerFast(tokenizer_object=words, unk_token="t0").save_pretrained(path)
     return str(path)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    """Tiny models gain nothing from threads, and two threads on busy cores wait on each other."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
 
 
 @pytest.fixture(scope="module")
@@ -122,7 +133,8 @@ def test_bf16_4bit_compute_labels(load):
 # --- speculative decoding with quantized drafts and targets -------------------------------------------
 
 @pytest.mark.parametrize("target_name, drafts", [
-    ("none", [("draft", "nf4"), ("draft", "int8"), ("draft", "torch-int8"), ("target", "nf4"), ("target", "torch-int8")]),
+    ("none", [("draft", "nf4"), ("draft", "int8"), ("draft", "torch-int8"),
+              ("target", "nf4"), ("target", "torch-int8")]),
     ("nf4", [("draft", "none"), ("draft", "int8"), ("target", "torch-int8")]),
     ("fp4", [("draft", "nf4")]),
     ("int8", [("draft", "none"), ("draft", "nf4"), ("target", "torch-int8")]),
@@ -221,6 +233,15 @@ def test_llm_int8_per_matmul_warning_is_dropped_and_others_kept(load, caplog):
     assert "something that matters" in messages
 
 
+def test_bitsandbytes_import_message_about_an_optional_kernel_is_dropped():
+    """bitsandbytes logs at import that it could not fetch an optional CPU kernel from the hub."""
+    import subprocess
+
+    done = subprocess.run([sys.executable, "-c", "import specdec_lab.models, bitsandbytes"],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0 and "gemm_4bit_forward" not in done.stderr
+
+
 # --- memory -------------------------------------------------------------------------------------------------
 
 def test_kv_cache_bytes_match_the_cache_shape(load):
@@ -292,9 +313,32 @@ def test_footprint_sweep_measures_and_resumes(folders, tmp_path):
     assert by_name.loc["nf4", "weight_bytes"] < by_name.loc["none", "weight_bytes"]
     assert (table.kv_cache_bytes > 0).all() and (table.perplexity > 1).all()
     assert len(quantization.tradeoff_sentences(table)) == 1
-    lines = (tmp_path / "ar.jsonl").read_text().count("\n"), (tmp_path / "footprints.jsonl").read_text().count("\n")
+    def line_counts():
+        return [(tmp_path / name).read_text().count("\n") for name in ("ar.jsonl", "footprints.jsonl")]
+    before = line_counts()
     quantization.footprint_sweep({"target": folders["target"]}, ["none", "nf4"], PROMPTS, **kwargs)
-    assert ((tmp_path / "ar.jsonl").read_text().count("\n"), (tmp_path / "footprints.jsonl").read_text().count("\n")) == lines
+    assert line_counts() == before == [2 * 1 * len(PROMPTS), 2]
+
+
+def test_footprint_sweep_hands_kept_variants_to_the_grid(folders, tmp_path, monkeypatch):
+    pairs = ["none/nf4", "nf4/none"]
+    keep = quantization.variants_to_keep(pairs, folders["target"], folders["draft"], "cpu")
+    assert keep == {(folders["target"], "none"), (folders["target"], "nf4"), (folders["draft"], "nf4"),
+                    (folders["draft"], "none")}
+    assert quantization.variants_to_keep(pairs, folders["target"], folders["draft"], "cuda") == set()
+    variants = {}
+    quantization.footprint_sweep({"target": folders["target"]}, ["none", "nf4", "int8"], PROMPTS[:1],
+                                 dtype="float32", device="cpu", double_quant=False, max_new_tokens=4, repeats=1,
+                                 warmup=0, out_dir=tmp_path, config={}, variants=variants, keep=keep)
+    assert set(variants) == {(folders["target"], "none"), (folders["target"], "nf4")}  # int8 was freed
+    loads = []
+    monkeypatch.setattr(quantization, "load_variant", lambda spec, name, *a, **kw: loads.append((spec, name)) or
+                        models.load(spec, dtype="float32", quantization=None if name == "none" else name))
+    quantization.speculative_grid(pairs, PROMPTS[:1], target=folders["target"], draft=folders["draft"],
+                                  dtype="float32", device="cpu", double_quant=False, k=2, max_new_tokens=4,
+                                  repeats=1, warmup=0, out=tmp_path / "spec.jsonl", config={}, variants=variants)
+    assert sorted(loads) == sorted([(folders["draft"], "nf4"), (folders["draft"], "none")])  # each loaded once
+    assert (folders["target"], "none") not in variants  # a target is freed after its group
 
 
 def test_speculative_grid_is_lossless_for_quantized_drafts(folders, tmp_path):
@@ -306,6 +350,41 @@ def test_speculative_grid_is_lossless_for_quantized_drafts(folders, tmp_path):
     table = quantization.speculative_table(rows, unquantized_reference=unquantized_ar).set_index("pair")
     assert list(table.index) == ["target fp32 · draft nf4", "target fp32 · self LLM.int8", "target nf4 · draft fp32"]
     assert (table.agreement_with_target == 1.0).all() and (table.full_match_rate == 1.0).all()
-    assert table.loc["target fp32 · self LLM.int8", "acceptance_rate"] > table.loc["target fp32 · draft nf4", "acceptance_rate"]
+    acceptance = table.acceptance_rate
+    assert acceptance["target fp32 · self LLM.int8"] > acceptance["target fp32 · draft nf4"]
     assert table.loc["target fp32 · draft nf4", "agreement_with_unquantized"] == 1.0
     assert (table.speedup > 0).all()
+
+
+# --- parameters ------------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("profile", ["smoke", "cpu", "cpu-full"])
+def test_parameter_files_are_valid(profile):
+    from specdec_lab import report
+
+    values = report.validate_all(report.parameter_files(profile, ["03_quantized"]))["03_quantized"]
+    quantization.check_pairs(values["spec_pairs"], device=values["device"], dtype=values["dtype"])
+
+
+def test_gpu_parameter_file_pairs_parse():
+    """Its hub model ids cannot be checked offline; its quantizations and pairs can."""
+    from specdec_lab import params, report
+
+    values = params.load_yaml(report.PARAMS_DIR / "gpu-gemma2" / "03_quantized.yaml")
+    for name in ("quantizations", "spec_pairs", "footprint_models", "footprint_repeats"):
+        assert params.RULES[name](name, values[name]) is None
+    assert "torch-int8" not in values["quantizations"]  # CPU only: refused on cuda
+    assert all(quantization.parse_pair(pair) for pair in values["spec_pairs"])
+
+
+@pytest.mark.parametrize("name, value, message", [
+    ("spec_pairs", ["none/int4"], "'int4' is not a quantization"),
+    ("quantizations", ["none", "q4"], r"unknown quantization\(s\) \['q4'\]"),
+    ("footprint_models", ["target", "drafts"], "target', 'draft"),
+    ("double_quant", "yes", "must be bool"),
+])
+def test_bad_parameters_are_named(name, value, message):
+    from specdec_lab import params
+
+    problems = params.problems("03_quantized", {name: value})
+    assert len(problems) == 1 and re.search(message, problems[0])

@@ -68,19 +68,24 @@ def ar_loss(logits: torch.Tensor, labels: Sequence[int], label_smoothing: float 
     return F.cross_entropy(logits.float(), target, label_smoothing=label_smoothing)
 
 
-def _logits(model, token_ids: Sequence[int], cache: DynamicCache) -> torch.Tensor:
-    input_ids = torch.tensor([list(token_ids)], dtype=torch.long, device=model.device)
-    return model(input_ids=input_ids, cache=cache, use_cache=True).logits[0]
+def _logits(model, token_ids: Sequence[int] | Sequence[Sequence[int]], cache: DynamicCache) -> torch.Tensor:
+    """Logits (n, vocab) for one token list, (batch, n, vocab) for a list of equal-length lists."""
+    batched = bool(token_ids) and isinstance(token_ids[0], (list, tuple))
+    rows = [list(t) for t in token_ids] if batched else [list(token_ids)]
+    input_ids = torch.tensor(rows, dtype=torch.long, device=model.device)
+    logits = model(input_ids=input_ids, cache=cache, use_cache=True).logits
+    return logits if batched else logits[0]
 
 
 def prompt_logits(model, states: Sequence[Sample], consistency: str = "global") -> dict:
     """The logits the losses need for some states of one prompt's trajectories.
 
-    One pass over prompt + greedy output gives the AR rows and the fixed points' distributions; each
-    state then runs on top of that pass's KV cache, cut back to its block's start, so the prefix is
-    computed once per prompt and gradients still flow through it. States go latest block first,
-    since a cache can only be cut shorter. Rows of each state's "state" and "target" logits predict
-    its block's tokens 0..n-1; "output" rows predict the greedy output's tokens.
+    One pass over prompt + greedy output gives the AR rows and the fixed points' distributions. The
+    states of one block then run together, as a batch, on top of that pass's KV cache cut back to the
+    block's start: the prefix is computed once per prompt, the weights are read once per block, and
+    gradients still flow through the prefix. Blocks go latest first, since a cache can only be cut
+    shorter. Each state's "state" and "target" rows predict its block's tokens 0..n-1; the "output"
+    rows predict the greedy output's tokens.
     """
     first = states[0]
     if any(s.prompt_ids != first.prompt_ids or s.output_ids != first.output_ids for s in states):
@@ -90,19 +95,23 @@ def prompt_logits(model, states: Sequence[Sample], consistency: str = "global") 
     cache = DynamicCache(config=model.config)
     logits = _logits(model, sequence, cache)
     per_state = []
-    for sample in sorted(states, key=lambda s: s.start, reverse=True):
-        context = prompt_length + sample.start  # tokens before the block
-        n = len(sample.fixed_point)
+    for start in sorted({s.start for s in states}, reverse=True):
+        block = [s for s in states if s.start == start]
+        context = prompt_length + start  # tokens before the block
+        n = len(block[0].fixed_point)
         # row context-1+i predicts block token i: feed the token before the block, then the state minus its last
+        feed = lambda tokens: [sequence[context - 1], *tokens[: n - 1]]
         truncate_cache(cache, context - 1)
-        state_logits = _logits(model, [sequence[context - 1], *sample.state[: n - 1]], cache)
+        cache.batch_repeat_interleave(len(block))
+        state_logits = _logits(model, [feed(s.state) for s in block], cache)
         if consistency == "global":
-            target = logits[context - 1: context - 1 + n]
+            targets = logits[context - 1: context - 1 + n].expand(len(block), -1, -1)
         else:
-            truncate_cache(cache, context - 1)  # after the state's pass, whose graph keeps the prefix
+            truncate_cache(cache, context - 1)  # after the states' pass, whose graph keeps the prefix
             with torch.no_grad():
-                target = _logits(model, [sequence[context - 1], *sample.next_state[: n - 1]], cache)
-        per_state.append((sample, state_logits, target.detach()))
+                targets = _logits(model, [feed(s.next_state) for s in block], cache)
+        cache.batch_select_indices(torch.tensor([0], device=model.device))  # back to the one shared prefix
+        per_state += [(s, state_logits[i], targets[i].detach()) for i, s in enumerate(block)]
     return {"output": logits[prompt_length - 1: len(sequence) - 1], "states": per_state}
 
 

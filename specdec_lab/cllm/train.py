@@ -5,7 +5,8 @@ In-process (a notebook, one CPU or GPU) call `train(...)`; to scale out, the sam
 Every `checkpoint_every` steps `out/checkpoint-NNNNNN/` gets a normal `save_pretrained` folder with
 the tokenizer plus `training_state.pt` (optimizer, step); a rerun resumes from the newest one.
 `out/final/` is the trained model: `specdec_lab.models.load("out/final")` loads it like any model.
-The loss curve goes to `out/losses.jsonl`, one line per optimizer step (with its wall time).
+The loss curve goes to `out/losses.jsonl`, one line per optimizer step (with its wall time; with
+several processes, the losses are the main process's share of the step).
 """
 
 from __future__ import annotations

@@ -100,6 +100,19 @@ def block_statistics(trace: BlockTrace) -> dict:
     }
 
 
+def jacobi_iteration(model, cache, state: list[int], fixed_in_block: int, cached_length: int) -> tuple[list[int], int, int]:
+    """One parallel refinement of the open part of a block (the cache holds the `cached_length`
+    tokens before it). Returns the new block state, how many tokens became fixed, and the certain
+    token after them. Only the fixed tokens' cache entries are kept: they saw a correct context."""
+    open_block = state[fixed_in_block:]
+    predictions = forward(model, open_block, cache).argmax(-1).tolist()
+    fixed = count_fixed(open_block, predictions)
+    truncate_cache(cache, cached_length + fixed)
+    # every open position takes the prediction from the guesses before it; the first stays (it was certain)
+    new_state = state[:fixed_in_block] + [open_block[0]] + predictions[: len(open_block) - 1]
+    return new_state, fixed, predictions[fixed - 1]
+
+
 def _check_arguments(block_size: int, init: str, max_iterations: int | None) -> None:
     if isinstance(block_size, bool) or not isinstance(block_size, int) or block_size < 1:
         raise ValueError(f"block_size must be an integer >= 1 (1 = plain AR), got {block_size!r}")
@@ -149,18 +162,13 @@ def generate(
             trace = BlockTrace(start=len(tokens), states=[], fixed_per_iteration=[], fixed_point=[], converged=False)
             fixed_in_block = 0
             while True:
-                open_block = state[fixed_in_block:]
-                trace.states.append(list(state))
-                predictions = forward(model, open_block, cache).argmax(-1).tolist()
-                fixed = count_fixed(open_block, predictions)
-                # Jacobi update of the open positions; the one after the fixed ones is now certain
-                state = state[:fixed_in_block] + [open_block[0]] + predictions[: len(open_block) - 1]
+                trace.states.append(state)
+                proposed_per_step.append(length - fixed_in_block)
+                state, fixed, known = jacobi_iteration(model, cache, state, fixed_in_block,
+                                                       len(prompt_ids) + len(tokens) + fixed_in_block)
                 fixed_in_block += fixed
-                truncate_cache(cache, len(prompt_ids) + len(tokens) + fixed_in_block)
-                known = predictions[fixed - 1]
                 trace.fixed_per_iteration.append(fixed)
                 accepted_per_step.append(fixed - 1)
-                proposed_per_step.append(len(open_block))
                 certain = state[fixed_in_block - fixed: fixed_in_block] + [known]
                 stopped = any(t in stop_ids for t in certain) or len(tokens) + fixed_in_block + 1 >= max_new_tokens
                 trace.converged = fixed_in_block == length
