@@ -111,16 +111,19 @@ def render_html(executed: Path, out_dir: Path) -> list[Path]:
     return written
 
 
-def write_index(profile: str, out_dir: Path, run: list[tuple[str, dict, str]]) -> Path:
+def write_index(profile: str, out_dir: Path, statuses: dict[str, str], results_dirs: dict[str, str]) -> Path:
+    """Link every notebook of the profile that has a report in `out_dir` (this run's and earlier
+    ones'), with its headline numbers."""
     rows = []
-    for stem, values, status in run:
+    for stem in sorted(p.stem for p in out_dir.glob("*.ipynb")):
         numbers = {}
-        headline = params.results_path(values.get("results_dir", f"results/{profile}"), stem, "headline.json")
+        headline = params.results_path(results_dirs.get(stem, f"results/{profile}"), stem, "headline.json")
         if headline.exists():
             numbers = json.loads(headline.read_text())
+        status = statuses.get(stem, "from an earlier run")
         figures = "".join(f"<li>{html.escape(str(k))}: <b>{html.escape(str(v))}</b></li>" for k, v in numbers.items())
         rows.append(
-            f"<tr><td><a href='{stem}.html'>{stem}</a> (<a href='{stem}.code.html'>with code</a>)</td>"
+            f"<tr><td><a href=\"{stem}.html\">{stem}</a> (<a href=\"{stem}.code.html\">with code</a>)</td>"
             f"<td>{html.escape(status)}</td><td><ul>{figures}</ul></td></tr>"
         )
     page = (
@@ -149,7 +152,7 @@ def reproduce(profile: str, only: list[str] | None = None, results_dir: str | No
             notebook_values["results_dir"] = str(results_dir)
     out_dir = Path(reports_dir) if reports_dir is not None else REPORTS_DIR / profile
     out_dir.mkdir(parents=True, exist_ok=True)
-    run, failed = [], []
+    statuses, failed = {}, []
     for path in files:
         stem = path.stem
         executed = out_dir / f"{stem}.ipynb"
@@ -166,9 +169,10 @@ def reproduce(profile: str, only: list[str] | None = None, results_dir: str | No
             failed.append(f"{stem}: {status}")
         if executed.exists():
             render_html(executed, out_dir)
-        run.append((stem, values[stem], status))
+        statuses[stem] = status
         print(f"   {status}", flush=True)
-    index = write_index(profile, out_dir, run)
+    results_dirs = {stem: v.get("results_dir", f"results/{profile}") for stem, v in values.items()}
+    index = write_index(profile, out_dir, statuses, results_dirs)
     print(f"index: {index}")
     if failed:
         print("some notebooks failed (their reports show where):\n- " + "\n- ".join(failed), file=sys.stderr)

@@ -4,17 +4,19 @@ from __future__ import annotations
 
 import json
 
+import pandas as pd
 import pytest
 import torch
 from tokenizers import Tokenizer, models as tokenizer_models, pre_tokenizers
-from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+from transformers import LlamaForCausalLM, PreTrainedTokenizerFast
 
 from specdec_lab import models
-from specdec_lab.cllm import losses, train, trajectories
+from specdec_lab.cllm import evaluate, losses, train, trajectories
 from specdec_lab.cllm.trajectories import Sample
 from specdec_lab.data import Prompt
 from specdec_lab.decoders import autoregressive
 from specdec_lab.decoders.jacobi import correct_prefix_length
+from tiny import tiny_llama
 
 WORDS = [f"w{i}" for i in range(60)]
 
@@ -27,25 +29,8 @@ def tiny_tokenizer() -> PreTrainedTokenizerFast:
 
 
 def tiny_model(seed: int = 0) -> LlamaForCausalLM:
-    torch.manual_seed(seed)
-    config = LlamaConfig(vocab_size=len(WORDS) + 2, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
-                         eos_token_id=1, bos_token_id=None, pad_token_id=None)
-    model = LlamaForCausalLM(config).float().eval()
-    with torch.no_grad():
-        for parameter in model.parameters():
-            if parameter.dim() > 1:
-                parameter.normal_(0, 0.3)
-    return model
+    return tiny_llama(seed, vocab_size=len(WORDS) + 2, hidden=32, weight_std=0.3, eos_token_id=1)
 
-
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """Tiny models run in a millisecond on one thread; a second thread only adds waiting on a busy machine."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 @pytest.fixture(scope="module")
@@ -222,3 +207,20 @@ def test_training_resumes_from_the_last_checkpoint(loaded, model_folder, tmp_pat
     for (name, a), b in zip(whole.model.state_dict().items(), resumed.model.state_dict().values()):
         assert torch.allclose(a, b, atol=1e-6), name
     assert [row["step"] for row in train.read_losses(tmp_path / "cut")] == list(range(1, 9))
+
+
+def test_spread_over_groups_takes_prompts_round_robin():
+    chosen = evaluate.spread_over_groups(prompts(6), 3)
+    assert [p.group for p in chosen] == ["g0", "g1", "g0"]
+    assert [p.id for p in chosen] == ["p0", "p1", "p2"]
+
+
+def test_block_table_has_one_row_per_block(loaded):
+    from specdec_lab.decoders import jacobi
+    result = jacobi.generate(loaded.model, [3, 4, 5], 20, block_size=6, stop_ids=[])
+    rows = pd.DataFrame([{"decoder": "Jacobi", "prompt_id": "p", "repeat": 0, "extras": result.extras}])
+    blocks = evaluate.block_table(rows)
+    assert len(blocks) == len(result.extras["iterations_per_block"])
+    assert blocks.iterations.sum() == len(result.accepted_per_step)
+    summary = evaluate.block_summary(blocks)
+    assert summary.loc["Jacobi", "blocks"] == len(blocks)

@@ -4,34 +4,18 @@ from __future__ import annotations
 
 import pytest
 import torch
-from transformers import LlamaConfig, LlamaForCausalLM
+from transformers import LlamaForCausalLM
 
 from specdec_lab.decoders import autoregressive, jacobi
+from tiny import tiny_llama
 from specdec_lab.decoders.jacobi import BlockTrace, block_statistics, count_fixed, stationary_tokens
 
 PROMPT = [1, 5, 9, 14, 3, 22, 7]
 
 
 def tiny_model(seed: int = 0, vocab: int = 48) -> LlamaForCausalLM:
-    torch.manual_seed(seed)
-    config = LlamaConfig(vocab_size=vocab, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
-                         eos_token_id=None, bos_token_id=None, pad_token_id=None)
-    model = LlamaForCausalLM(config).float().eval()
-    with torch.no_grad():  # larger weights give peaked, less repetitive greedy outputs than the default init
-        for parameter in model.parameters():
-            if parameter.dim() > 1:
-                parameter.normal_(0, 0.3)
-    return model
+    return tiny_llama(seed, vocab_size=vocab, hidden=32, weight_std=0.3, eos_token_id=None)
 
-
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """Tiny models run in a millisecond on one thread; a second thread only adds waiting on a busy machine."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 @pytest.fixture(scope="module")

@@ -14,46 +14,30 @@ from pathlib import Path
 
 import pytest
 import torch
-from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+from transformers import PreTrainedTokenizerFast
 
 from specdec_lab import memory, models, quality, quantization
 from specdec_lab.data import Prompt
 from specdec_lab.decoders import autoregressive, speculative
 from specdec_lab.decoders.candidates import DraftModelCandidates
+from tiny import tiny_llama
 
 pytest.importorskip("bitsandbytes")
 
 PROMPT = [1, 5, 9, 14, 3, 22, 7]
-VOCAB, HIDDEN, LAYERS, KV_HEADS, HEADS = 64, 64, 2, 2, 4
+VOCAB, HIDDEN, LAYERS, KV_HEADS, HEADS = 64, 64, 2, 2, 4  # tiny_llama: 2 layers, 4 heads, 2 KV heads
 
 
 def save_tiny_model(path, seed: int, bias: bool = False) -> str:
     from tokenizers import Tokenizer, models as token_models, pre_tokenizers
 
-    torch.manual_seed(seed)
-    config = LlamaConfig(vocab_size=VOCAB, hidden_size=HIDDEN, intermediate_size=2 * HIDDEN, num_hidden_layers=LAYERS,
-                         num_attention_heads=HEADS, num_key_value_heads=KV_HEADS, max_position_embeddings=512,
-                         attention_bias=bias, mlp_bias=bias, eos_token_id=None, bos_token_id=None, pad_token_id=None,
-                         tie_word_embeddings=False)
-    model = LlamaForCausalLM(config).float().eval()
-    with torch.no_grad():  # larger weights than the default init: peaked, less repetitive greedy outputs
-        for parameter in model.parameters():
-            if parameter.dim() > 1:
-                parameter.normal_(0, 0.3)
+    model = tiny_llama(seed, vocab_size=VOCAB, hidden=HIDDEN, weight_std=0.3, eos_token_id=None, bias=bias)
     model.save_pretrained(path)
     words = Tokenizer(token_models.WordLevel({f"t{i}": i for i in range(VOCAB)}, unk_token="t0"))
     words.pre_tokenizer = pre_tokenizers.Whitespace()
     PreTrainedTokenizerFast(tokenizer_object=words, unk_token="t0").save_pretrained(path)
     return str(path)
 
-
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """Tiny models gain nothing from threads, and two threads on busy cores wait on each other."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 @pytest.fixture(scope="module")

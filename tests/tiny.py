@@ -6,23 +6,32 @@ import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
 EOS = 3
+PROMPT = [1, 5, 6, 7, 8, 9, 10, 11]
 
 
 def tiny_llama(seed: int = 0, vocab_size: int = 97, layers: int = 2, hidden: int = 64,
-               head_std: float | None = None) -> LlamaForCausalLM:
-    """fp32, eval mode. head_std re-draws the output head with that std: a random model at the
-    default init is nearly uniform, a larger std makes it peaked (a draft unlike the target)."""
+               head_std: float | None = None, weight_std: float | None = None,
+               eos_token_id: int | None = EOS, bias: bool = False) -> LlamaForCausalLM:
+    """fp32, eval mode.
+
+    weight_std re-draws every matrix with that std: larger weights than the default init give
+    peaked, less repetitive greedy outputs. head_std re-draws the output head alone: a random model
+    at the default init is nearly uniform, a larger std makes it peaked (a draft unlike the target).
+    """
     torch.manual_seed(seed)
     config = LlamaConfig(
         vocab_size=vocab_size, hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=layers,
         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=1024,
-        bos_token_id=1, eos_token_id=EOS, pad_token_id=0,
+        bos_token_id=None if eos_token_id is None else 1, eos_token_id=eos_token_id,
+        pad_token_id=None if eos_token_id is None else 0,
+        attention_bias=bias, mlp_bias=bias, tie_word_embeddings=False,
     )
-    model = LlamaForCausalLM(config).eval()
-    if head_std is not None:
-        with torch.no_grad():
+    model = LlamaForCausalLM(config).float().eval()
+    with torch.no_grad():
+        if weight_std is not None:
+            for parameter in model.parameters():
+                if parameter.dim() > 1:
+                    parameter.normal_(0.0, weight_std)
+        if head_std is not None:
             model.lm_head.weight.normal_(0.0, head_std)
     return model
-
-
-PROMPT = [1, 5, 6, 7, 8, 9, 10, 11]

@@ -46,7 +46,7 @@ class TrainConfig:
     states_per_step: int = 8  # trajectory states of the prompt trained on together (they share its forward pass)
     max_grad_norm: float = 1.0
     checkpoint_every: int = 50
-    keep_checkpoints: int = 1
+    keep_checkpoints: int = 1  # newest checkpoints kept on disk (the final model counts as one)
     ar_weight: float = 10.0
     consistency_weight: float = 1.0
     consistency: str = "global"
@@ -218,7 +218,7 @@ def train(
                 unwrapped = accelerator.unwrap_model(network)
                 if step == config.steps:
                     save(out / FINAL, unwrapped, loaded.tokenizer, None, step, config)
-                    _prune(out, 0)
+                    _prune(out, config.keep_checkpoints - 1)  # the final model counts as one
                 else:
                     save(out / f"checkpoint-{step:06d}", unwrapped, loaded.tokenizer, optimizer, step, config)
                     _prune(out, config.keep_checkpoints)
