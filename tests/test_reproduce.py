@@ -57,8 +57,8 @@ def test_index_and_every_report_render_with_figures_and_no_errors(smoke_reports,
         dom = dump_dom(smoke_reports / f"{stem}.html", tmp_path)
         assert "Traceback" not in dom and "This step stopped" not in dom, stem
         assert dom.count("<img") >= 1, f"{stem} shows no figure"
-        assert "from specdec_lab import" not in dom, f"{stem}: code should be hidden in the default render"
-        assert "from specdec_lab import" in (smoke_reports / f"{stem}.code.html").read_text()
+        assert "highlight hl-ipython3" not in dom, f"{stem}: code should be hidden in the default render"
+        assert "highlight hl-ipython3" in (smoke_reports / f"{stem}.code.html").read_text()
 
 
 @pytest.mark.integration
