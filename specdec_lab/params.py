@@ -167,6 +167,8 @@ RULES: dict[str, Callable[[str, object], str | None]] = {
     "ar_weight": _non_negative_number,
     "consistency_weight": _non_negative_number,
     "consistency": _one_of(("global", "local")),
+    "consistency_target": _one_of(("soft", "hard")),
+    "mixed_precision": _one_of(("no", "bf16", "fp16")),
     "checkpoint_every": _positive_int,
     "reference_model": _model_spec,
     "reference_dtype": _one_of(sorted(models.DTYPES)),

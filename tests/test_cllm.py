@@ -152,6 +152,17 @@ def test_consistency_loss_is_zero_at_the_fixed_point_and_positive_before(loaded)
     assert torch.isclose(before["loss"], 10 * before["ar_loss"] + before["consistency_loss"])
 
 
+def test_hard_consistency_target_is_cross_entropy_on_the_fixed_point_tokens(loaded):
+    hard = losses.LossWeights(consistency_target="hard")
+    sample = sample_at([11, 40, 41, 42, 43])
+    (_, state_logits, _), = losses.prompt_logits(loaded.model, [sample])["states"]
+    expected = torch.nn.functional.cross_entropy(state_logits[1:], torch.tensor(sample.fixed_point[1:]))
+    got = losses.prompt_losses(loaded.model, [sample], hard)["consistency_loss"]
+    assert torch.isclose(got, expected, atol=1e-5)
+    # at the fixed point nothing is unmasked: zero, like the soft target
+    assert float(losses.prompt_losses(loaded.model, [sample_at([11, 12, 13, 14, 15])], hard)["consistency_loss"]) == 0.0
+
+
 def test_consistency_mask_covers_the_converged_prefix():
     assert losses.consistency_mask([1, 2, 9, 4], [1, 2, 3, 4]).tolist() == [False, False, True, True]
     assert not losses.consistency_mask([1, 2, 3], [1, 2, 3]).any()
@@ -162,6 +173,10 @@ def test_bad_loss_settings_fail_early():
         losses.LossWeights(consistency="both")
     with pytest.raises(ValueError, match="steps"):
         train.TrainConfig(steps=0)
+    with pytest.raises(ValueError, match="consistency_target.*'soft'"):
+        train.TrainConfig(consistency_target="argmax")
+    with pytest.raises(ValueError, match="mixed_precision.*'bf16'"):
+        train.TrainConfig(mixed_precision="bfloat16")
 
 
 def mean_loss(model, samples, weights) -> float:

@@ -4,7 +4,10 @@ Consistency: at a Jacobi state y (a block on its way to the fixed point y*), the
 distributions over the block should already be the ones it has at y*: KL(p(.|x, y*_<i) || p(.|x, y_<i)),
 the target detached. Positions inside the state's converged prefix are masked: their context equals
 the fixed point's, so they carry no signal (this is what the reference code masks). "global" compares
-with the fixed point itself; "local" with the next state of the trajectory.
+with the fixed point itself; "local" with the next state of the trajectory. The paper's target is the
+fixed point's whole distribution ("soft"); "hard" uses cross-entropy on the fixed point's tokens
+instead (its argmax there): only the argmax decides whether Jacobi keeps a token, and a small model's
+flat distributions spread a soft target's signal over tokens that never matter.
 AR: label-smoothed cross-entropy on the greedy output, which keeps the model's own text from drifting.
 Total = ar_weight * AR + consistency_weight * consistency; the reference code uses 10 : 1.
 """
@@ -23,6 +26,7 @@ from specdec_lab.decoders.common import truncate_cache
 from specdec_lab.decoders.jacobi import correct_prefix_length
 
 CONSISTENCY_KINDS = ("global", "local")
+CONSISTENCY_TARGETS = ("soft", "hard")
 
 
 @dataclass(frozen=True)
@@ -31,10 +35,13 @@ class LossWeights:
     consistency_weight: float = 1.0
     consistency: str = "global"  # or "local"
     label_smoothing: float = 0.1
+    consistency_target: str = "soft"  # or "hard"
 
     def __post_init__(self):
         if self.consistency not in CONSISTENCY_KINDS:
             raise ValueError(f"consistency must be one of {CONSISTENCY_KINDS}, got {self.consistency!r}")
+        if self.consistency_target not in CONSISTENCY_TARGETS:
+            raise ValueError(f"consistency_target must be one of {CONSISTENCY_TARGETS}, got {self.consistency_target!r}")
         if self.ar_weight < 0 or self.consistency_weight < 0 or self.ar_weight + self.consistency_weight == 0:
             raise ValueError(f"loss weights must be >= 0 and not both 0, got ar_weight={self.ar_weight}, "
                              f"consistency_weight={self.consistency_weight}")
@@ -60,6 +67,15 @@ def consistency_loss(student_logits: torch.Tensor, target_logits: torch.Tensor, 
     student = F.log_softmax(student_logits[mask].float(), dim=-1)
     target = F.log_softmax(target_logits[mask].detach().float(), dim=-1)
     return F.kl_div(student, target, log_target=True, reduction="batchmean")
+
+
+def hard_consistency_loss(student_logits: torch.Tensor, target_tokens: Sequence[int], mask: torch.Tensor) -> torch.Tensor:
+    """Mean over unmasked positions of the cross-entropy on the fixed point's tokens; 0 when nothing is unmasked."""
+    mask = mask.to(student_logits.device)
+    if not mask.any():
+        return student_logits.sum() * 0.0
+    target = torch.tensor(list(target_tokens), dtype=torch.long, device=student_logits.device)
+    return F.cross_entropy(student_logits[mask].float(), target[mask])
 
 
 def ar_loss(logits: torch.Tensor, labels: Sequence[int], label_smoothing: float = 0.1) -> torch.Tensor:
@@ -120,10 +136,14 @@ def prompt_losses(model, states: Sequence[Sample], weights: LossWeights) -> dict
     trajectories, and the weighted total."""
     logits = prompt_logits(model, states, weights.consistency)
     ar = ar_loss(logits["output"], states[0].output_ids, weights.label_smoothing)
-    consistency = torch.stack([
-        consistency_loss(state_logits, target, consistency_mask(sample.state, sample.fixed_point))
-        for sample, state_logits, target in logits["states"]
-    ]).mean()
+
+    def one_state(sample: Sample, state_logits: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        mask = consistency_mask(sample.state, sample.fixed_point)
+        if weights.consistency_target == "hard":
+            return hard_consistency_loss(state_logits, sample.fixed_point, mask)
+        return consistency_loss(state_logits, target, mask)
+
+    consistency = torch.stack([one_state(*state) for state in logits["states"]]).mean()
     total = weights.ar_weight * ar + weights.consistency_weight * consistency
     return {"loss": total, "ar_loss": ar, "consistency_loss": consistency}
 

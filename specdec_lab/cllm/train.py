@@ -34,6 +34,7 @@ from specdec_lab.cllm.trajectories import Sample, samples, usable
 STATE_FILE = "training_state.pt"
 LOSS_LOG = "losses.jsonl"
 FINAL = "final"
+MIXED_PRECISION = ("no", "bf16", "fp16")
 
 
 @dataclass(frozen=True)
@@ -51,6 +52,8 @@ class TrainConfig:
     consistency_weight: float = 1.0
     consistency: str = "global"
     label_smoothing: float = 0.1
+    consistency_target: str = "soft"  # "soft": the fixed point's distribution (the paper); "hard": its tokens
+    mixed_precision: str = "no"  # accelerate's: "no", "bf16" (autocast; CPUs with bf16 units too), "fp16"
     seed: int = 0
 
     def __post_init__(self):
@@ -59,10 +62,13 @@ class TrainConfig:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
         if not self.learning_rate > 0:
             raise ValueError(f"learning_rate must be > 0, got {self.learning_rate}")
+        if self.mixed_precision not in MIXED_PRECISION:
+            raise ValueError(f"mixed_precision must be one of {MIXED_PRECISION}, got {self.mixed_precision!r}")
         self.weights()  # checks the loss settings
 
     def weights(self) -> LossWeights:
-        return LossWeights(self.ar_weight, self.consistency_weight, self.consistency, self.label_smoothing)
+        return LossWeights(self.ar_weight, self.consistency_weight, self.consistency, self.label_smoothing,
+                           self.consistency_target)
 
 
 def learning_rate(step: int, config: TrainConfig) -> float:
@@ -165,7 +171,7 @@ def train(
     if not data:
         raise ValueError("no training states: every trajectory is degenerate or already converged; collect more prompts")
 
-    accelerator = Accelerator(cpu=cpu)
+    accelerator = Accelerator(cpu=cpu, mixed_precision=config.mixed_precision)
     torch.manual_seed(config.seed)
     resume = checkpoints(out)[-1] if checkpoints(out) else None
     # loaded on the CPU; accelerator.prepare moves it to this process's device
