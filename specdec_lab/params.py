@@ -13,6 +13,8 @@ from pathlib import Path
 import yaml
 
 from specdec_lab import models, zoo
+from specdec_lab.cllm.losses import CONSISTENCY_KINDS, CONSISTENCY_TARGETS
+from specdec_lab.cllm.train import MIXED_PRECISION
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 NOTEBOOKS_DIR = REPO_ROOT / "notebooks"
@@ -166,9 +168,9 @@ RULES: dict[str, Callable[[str, object], str | None]] = {
     "states_per_step": _positive_int,
     "ar_weight": _non_negative_number,
     "consistency_weight": _non_negative_number,
-    "consistency": _one_of(("global", "local")),
-    "consistency_target": _one_of(("soft", "hard")),
-    "mixed_precision": _one_of(("no", "bf16", "fp16")),
+    "consistency": _one_of(CONSISTENCY_KINDS),
+    "consistency_target": _one_of(CONSISTENCY_TARGETS),
+    "mixed_precision": _one_of(MIXED_PRECISION),
     "checkpoint_every": _positive_int,
     "reference_model": _model_spec,
     "reference_dtype": _one_of(sorted(models.DTYPES)),

@@ -71,11 +71,10 @@ def consistency_loss(student_logits: torch.Tensor, target_logits: torch.Tensor, 
 
 def hard_consistency_loss(student_logits: torch.Tensor, target_tokens: Sequence[int], mask: torch.Tensor) -> torch.Tensor:
     """Mean over unmasked positions of the cross-entropy on the fixed point's tokens; 0 when nothing is unmasked."""
-    mask = mask.to(student_logits.device)
     if not mask.any():
         return student_logits.sum() * 0.0
-    target = torch.tensor(list(target_tokens), dtype=torch.long, device=student_logits.device)
-    return F.cross_entropy(student_logits[mask].float(), target[mask])
+    kept = [token for token, keep in zip(target_tokens, mask.tolist()) if keep]
+    return ar_loss(student_logits[mask.to(student_logits.device)], kept, label_smoothing=0.0)
 
 
 def ar_loss(logits: torch.Tensor, labels: Sequence[int], label_smoothing: float = 0.1) -> torch.Tensor:
