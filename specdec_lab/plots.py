@@ -78,9 +78,10 @@ def agreement_bars(rows: pd.DataFrame, title: str = "Token agreement with the ta
     return _finish(fig, title)
 
 
-def tokens_per_forward(rows: pd.DataFrame, title: str = "Generated tokens per target forward pass"):
+def tokens_per_forward(rows: pd.DataFrame, title: str = "Generated tokens per target forward pass", hue: str = "category"):
     fig, ax = plt.subplots(figsize=(8, 0.55 * rows.decoder.nunique() + 1.5))
-    sns.barplot(data=rows, y="decoder", x="tokens_per_target_forward", hue="category", errorbar=("ci", 95), ax=ax)
+    sns.barplot(data=rows, y="decoder", x="tokens_per_target_forward", hue=hue, errorbar=("ci", 95), ax=ax)
+    sns.move_legend(ax, "upper left", bbox_to_anchor=(1.01, 1))  # beside the bars, never over them
     ax.set(xlabel="tokens per target forward (prefill counted)", ylabel="")
     return _finish(fig, title)
 

@@ -239,3 +239,21 @@ def test_block_table_has_one_row_per_block(loaded):
     assert blocks.iterations.sum() == len(result.accepted_per_step)
     summary = evaluate.block_summary(blocks)
     assert summary.loc["Jacobi", "blocks"] == len(blocks)
+
+
+def test_seen_and_held_out_labels_the_jacobi_rows_of_each_side():
+    def rows(tokens_per_forward: dict) -> pd.DataFrame:
+        return pd.DataFrame([{"decoder": name, "prompt_id": "p", "tokens_per_target_forward": value}
+                             for name, value in tokens_per_forward.items()])
+    seen = rows({evaluate.BASE_JACOBI: 1.1, evaluate.CLLM_JACOBI: 1.8})
+    held_out = rows({evaluate.BASE_AR: 1.0, evaluate.BASE_JACOBI: 1.05, evaluate.CLLM_JACOBI: 1.2})
+    both = evaluate.seen_and_held_out(seen, held_out)
+    assert evaluate.BASE_AR not in set(both.decoder)
+    table = both.pivot_table(index="decoder", columns="prompts", values="tokens_per_target_forward")
+    assert table.loc[evaluate.CLLM_JACOBI, "training databases"] == 1.8
+    assert table.loc[evaluate.CLLM_JACOBI, "held-out databases"] == 1.2
+
+
+def test_jacobi_only_drops_the_ar_baseline(loaded):
+    decoders = evaluate.line_up(loaded, loaded, max_new_tokens=4, block_size=2)
+    assert list(evaluate.jacobi_only(decoders)) == [evaluate.BASE_JACOBI, evaluate.CLLM_JACOBI]

@@ -42,6 +42,18 @@ def line_up(base: LoadedModel, cllm: LoadedModel | None, max_new_tokens: int, bl
     return decoders
 
 
+def jacobi_only(decoders: dict) -> dict:
+    """The Jacobi decoders of a line-up (for token counts, where no AR baseline is timed)."""
+    return {name: decode for name, decode in decoders.items() if name != BASE_AR}
+
+
+def seen_and_held_out(seen: pd.DataFrame, held_out: pd.DataFrame) -> pd.DataFrame:
+    """The Jacobi rows on training prompts and on held-out ones, labelled in a `prompts` column. A
+    CLLM that gains on the prompts it trained on but not on new ones has learned them, not the task."""
+    both = pd.concat([seen.assign(prompts="training databases"), held_out.assign(prompts="held-out databases")])
+    return both[both.decoder != BASE_AR].reset_index(drop=True)
+
+
 def block_table(rows: pd.DataFrame) -> pd.DataFrame:
     """One row per Jacobi block: iterations to converge, fast-forwarded and stationary tokens."""
     records = []
