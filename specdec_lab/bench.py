@@ -95,7 +95,8 @@ def run(
     chat: bool = True,
     desc: str = "benchmark",
 ) -> pd.DataFrame:
-    """Run every decoder on every prompt `repeats` times; return this configuration's rows.
+    """Run every decoder on every prompt `repeats` times; return the rows (this configuration's, these
+    prompts and repeats), running only those the file `out` does not already hold.
 
     Decoders run interleaved (prompt -> repeat -> decoder) so slow drifts of the machine hit every
     method alike; `warmup` untimed runs per decoder on the first prompt come first.
@@ -125,5 +126,7 @@ def run(
         _append(out, _row(result, tokenizer, run_id=run_id, decoder=name, prompt_id=prompt.id,
                           category=prompt.category, repeat=repeat, config=run_config["config"], env=env))
 
-    rows = [r for r in read_rows(out) if r.get("run_id") == run_id]
+    # the file may hold more of this configuration (an earlier run over more prompts or repeats): not asked for now
+    wanted = {(p.id, rep) for p in prompts for rep in range(repeats)}
+    rows = [r for r in read_rows(out) if r.get("run_id") == run_id and (r["prompt_id"], r["repeat"]) in wanted]
     return pd.DataFrame(rows)

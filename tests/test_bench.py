@@ -69,6 +69,15 @@ def test_other_parameters_never_mix_with_old_rows(tmp_path):
     assert {r["config"]["max_new_tokens"] for r in map(json.loads, out.read_text().splitlines())} == {6, 7}
 
 
+def test_a_rerun_over_fewer_prompts_returns_only_those(tmp_path):
+    out = tmp_path / "runs.jsonl"
+    bench.run(decoders(), PROMPTS, Tokens(), out, repeats=2, warmup=0, config={"x": 1})
+    fewer = decoders()
+    rows = bench.run(fewer, PROMPTS[:1], Tokens(), out, repeats=1, warmup=0, config={"x": 1})
+    assert fewer["ar"].calls == 0  # resumed from the file
+    assert sorted(zip(rows.prompt_id, rows.repeat)) == [("a", 0)]
+
+
 def test_a_line_cut_off_by_a_crash_is_skipped(tmp_path):
     out = tmp_path / "runs.jsonl"
     bench.run(decoders(), PROMPTS[:1], Tokens(), out, repeats=1, warmup=0)
