@@ -25,7 +25,7 @@ reproduce: env
 
 # Download, verify and convert the offline zoo models once (reproduce does this on demand too).
 models: env
-	$(PY) -c "from specdec_lab import zoo; [print(zoo.ensure(n)) for n in zoo.ZOO]"
+	$(PY) -c "from specdec_lab.models import zoo; [print(zoo.ensure(n)) for n in zoo.ZOO]"
 
 lab: env
 	$(PY) -m ipykernel install --user --name specdec-lab --display-name "specdec-lab (.venv)"

@@ -13,11 +13,11 @@ import json
 import os
 import random
 import sys
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from specdec_lab import zoo
+from specdec_lab.models import zoo
 
 
 @dataclass(frozen=True)
@@ -264,13 +264,18 @@ def select(prompts: Sequence[Prompt], n: int | None, seed: int = 0) -> list[Prom
     return ordered if n is None else ordered[:n]
 
 
-def round_robin_by_category(prompts: Sequence[Prompt]) -> list[Prompt]:
-    """Interleave categories: first of each category, then second of each, ... (order kept within one)."""
-    by_category: dict[str, list[Prompt]] = {}
+def round_robin(prompts: Sequence[Prompt], key: Callable[[Prompt], str]) -> list[Prompt]:
+    """Interleave the prompts' groups (by `key`, in order of first appearance): the first of each
+    group, then the second of each, ... (order kept within a group), so the first n span many groups."""
+    by_group: dict[str, list[Prompt]] = {}
     for prompt in prompts:
-        by_category.setdefault(prompt.category, []).append(prompt)
-    rounds = max(len(queue) for queue in by_category.values())
-    return [queue[i] for i in range(rounds) for queue in by_category.values() if i < len(queue)]
+        by_group.setdefault(key(prompt), []).append(prompt)
+    rounds = max((len(queue) for queue in by_group.values()), default=0)
+    return [queue[i] for i in range(rounds) for queue in by_group.values() if i < len(queue)]
+
+
+def round_robin_by_category(prompts: Sequence[Prompt]) -> list[Prompt]:
+    return round_robin(prompts, key=lambda prompt: prompt.category)
 
 
 def split_by_group(

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import ctypes
+import gc
 import os
 import threading
 
@@ -65,3 +67,23 @@ def kv_cache_bytes(cache) -> int:
             if isinstance(tensor, torch.Tensor):
                 total += tensor.numel() * tensor.element_size()
     return total
+
+
+def memory_now(device: torch.device | str = "cpu") -> int:
+    """What the process holds now: RSS on CPU, allocated bytes on CUDA (the same kinds of number
+    `PeakMemory` reports, so a peak minus this is what came on top)."""
+    if torch.device(device).type == "cuda":
+        return int(torch.cuda.memory_allocated())
+    return rss_bytes()
+
+
+def free_memory() -> None:
+    """Return freed memory to the system, so the next measurement's baseline is what is really in
+    use: glibc keeps freed heap memory in the process (and in its RSS) until malloc_trim."""
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):  # not glibc (macOS, musl): nothing to trim
+        pass

@@ -11,28 +11,31 @@ import math
 import numpy as np
 import pandas as pd
 
-
-def first_divergence(tokens: list[int], reference: list[int]) -> int | None:
-    """Index of the first differing token (None when one is a prefix of the other and equal length)."""
-    for position, (a, b) in enumerate(zip(tokens, reference)):
-        if a != b:
-            return position
-    return None if len(tokens) == len(reference) else min(len(tokens), len(reference))
+from specdec_lab.quality import greedy_agreement
 
 
-def add_agreement(rows: pd.DataFrame, reference_decoder: str) -> pd.DataFrame:
-    """Token agreement of every row with the reference decoder's output (repeat 0) on the same prompt:
-    `full_match`, `first_divergence` (None = identical) and `agreement` (matching prefix / reference length)."""
-    reference = rows[(rows.decoder == reference_decoder) & (rows.repeat == 0)].set_index("prompt_id").tokens
+def reference_tokens(rows: pd.DataFrame, decoder: str) -> pd.Series:
+    """prompt_id -> the tokens `decoder` generated in repeat 0 (the reference text of agreement)."""
+    reference = rows[(rows.decoder == decoder) & (rows.repeat == 0)].set_index("prompt_id").tokens
     if reference.empty:
-        raise ValueError(f"reference decoder {reference_decoder!r} has no rows; decoders present: {sorted(rows.decoder.unique())}")
+        raise ValueError(f"reference decoder {decoder!r} has no rows; decoders present: {sorted(rows.decoder.unique())}")
+    return reference
+
+
+def add_agreement(rows: pd.DataFrame, reference_decoder: str | None = None,
+                  reference: pd.Series | None = None, prefix: str = "") -> pd.DataFrame:
+    """Token agreement of every row with a reference text on the same prompt (the reference
+    decoder's repeat-0 output, or a given prompt_id -> tokens Series): `full_match`,
+    `first_divergence` (None = identical) and `agreement` (matching prefix / reference length),
+    each name preceded by `prefix`. Rows of prompts without a reference get NaN."""
+    if reference is None:
+        reference = reference_tokens(rows, reference_decoder)
     out = rows.copy()
-    divergence = [first_divergence(t, reference[p]) for t, p in zip(out.tokens, out.prompt_id)]
-    out["first_divergence"] = divergence
-    out["full_match"] = [d is None for d in divergence]
-    out["agreement"] = [
-        1.0 if d is None else d / max(len(reference[p]), 1) for d, p in zip(divergence, out.prompt_id)
-    ]
+    scores = [greedy_agreement(reference[p], t) if p in reference.index else None
+              for t, p in zip(out.tokens, out.prompt_id)]
+    out[prefix + "first_divergence"] = [s.first_divergence if s else None for s in scores]
+    out[prefix + "full_match"] = [s.full_match if s else float("nan") for s in scores]
+    out[prefix + "agreement"] = [s.fraction if s else float("nan") for s in scores]
     return out
 
 

@@ -12,12 +12,11 @@ from pathlib import Path
 
 import yaml
 
-from specdec_lab import models, zoo
-from specdec_lab.cllm.losses import CONSISTENCY_KINDS, CONSISTENCY_TARGETS
-from specdec_lab.cllm.train import MIXED_PRECISION
-
-REPO_ROOT = Path(__file__).resolve().parents[1]
-NOTEBOOKS_DIR = REPO_ROOT / "notebooks"
+from specdec_lab import models
+from specdec_lab.cllm.constants import CONSISTENCY_KINDS, CONSISTENCY_TARGETS, MIXED_PRECISION
+from specdec_lab.decoders.jacobi import INITS
+from specdec_lab.models import quantize, zoo
+from specdec_lab.runs.paths import NOTEBOOKS_DIR
 
 
 class ParameterError(ValueError):
@@ -94,22 +93,19 @@ def _prompt_set_list(name: str, value) -> str | None:
 
 
 def _quantization_list(name: str, value) -> str | None:
-    from specdec_lab import quantization
-
+    names = list(quantize.QUANTIZATIONS)
     if not isinstance(value, list) or not value:
-        return f"{name} must be a non-empty list of quantizations from {list(quantization.NAMES)}, got {value!r}"
-    bad = [v for v in value if v not in quantization.NAMES]
-    return f"{name}: unknown quantization(s) {bad}: use names from {list(quantization.NAMES)}" if bad else None
+        return f"{name} must be a non-empty list of quantizations from {names}, got {value!r}"
+    bad = [v for v in value if v not in names]
+    return f"{name}: unknown quantization(s) {bad}: use names from {names}" if bad else None
 
 
 def _speculative_pairs(name: str, value) -> str | None:
-    from specdec_lab import quantization
-
     if not isinstance(value, list):
         return f"{name} must be a list of 'target/draft' quantization pairs like 'none/nf4', got {value!r}"
     for pair in value:
         try:
-            quantization.parse_pair(pair)
+            quantize.parse_pair(pair)
         except ValueError as error:
             return f"{name}: {error}"
     return None
@@ -158,7 +154,7 @@ RULES: dict[str, Callable[[str, object], str | None]] = {
     "footprint_repeats": _positive_int,
     # 04_cllm
     "block_size": _positive_int,
-    "init": _one_of(("prompt_tokens", "repeat_last")),
+    "init": _one_of(INITS),
     "held_out_fraction": _open_fraction,
     "train_prompts": _positive_int,
     "eval_prompts": _positive_int,
@@ -267,13 +263,3 @@ def validate_notebook_globals(notebook: str, namespace: Mapping) -> dict:
     values = {name: namespace[name] for name in notebook_defaults(notebook) if name in namespace}
     validate(notebook, values)
     return values
-
-
-def results_path(results_dir: str, *parts: str) -> Path:
-    """A path under the results folder; relative folders are taken from the repository root so
-    notebooks write to the same place from JupyterLab (cwd notebooks/) and from papermill."""
-    base = Path(results_dir)
-    base = base if base.is_absolute() else REPO_ROOT / base
-    path = base.joinpath(*parts)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    return path

@@ -132,7 +132,7 @@ def memory_bars(table: pd.DataFrame, title: str = "Memory, measured three ways")
 
 def _hue(table: pd.DataFrame) -> str:
     """Colour by model when target and draft are both shown, else one colour per variant."""
-    return "role" if table.role.nunique() > 1 else "variant"
+    return "model_role" if table.model_role.nunique() > 1 else "variant"
 
 
 def speed_bars(ar_rows: pd.DataFrame, title: str = "Greedy AR decoding: latency and throughput"):

@@ -49,6 +49,17 @@ TEXTS: tuple[str, ...] = (
 )
 
 
+def common_prefix_length(reference: Sequence[int], candidate: Sequence[int]) -> int:
+    """How many leading tokens two sequences share: the one prefix-agreement rule of the kit
+    (greedy agreement, Jacobi's converged prefix, quantized vs unquantized output)."""
+    length = 0
+    for ours, theirs in zip(reference, candidate):
+        if ours != theirs:
+            break
+        length += 1
+    return length
+
+
 @dataclass(frozen=True)
 class Agreement:
     matched_prefix: int  # tokens identical to the reference before the first difference
@@ -58,31 +69,44 @@ class Agreement:
     @property
     def fraction(self) -> float:
         """Share of the reference reproduced before the first divergence (1.0 = full match)."""
+        if self.full_match:
+            return 1.0
         return self.matched_prefix / self.reference_length if self.reference_length else float("nan")
+
+    @property
+    def first_divergence(self) -> int | None:
+        """Index of the first differing token; None when the two are identical."""
+        return None if self.full_match else self.matched_prefix
 
 
 def greedy_agreement(reference: Sequence[int], candidate: Sequence[int]) -> Agreement:
     """Compare two greedy generations of the same prompt token by token."""
     reference, candidate = list(reference), list(candidate)
-    matched = 0
-    for ours, theirs in zip(reference, candidate):
-        if ours != theirs:
-            break
-        matched += 1
-    return Agreement(matched, len(reference), reference == candidate)
+    return Agreement(common_prefix_length(reference, candidate), len(reference), reference == candidate)
+
+
+def continuation_nll(model, prompt_ids: Sequence[int], output_ids: Sequence[int]) -> torch.Tensor:
+    """Negative log-likelihood (nats, float32) of each output token given the prompt and the output
+    before it, in one forward pass (no cache): the one scoring rule of the kit. Gradients flow when
+    called under autograd; wrap in torch.no_grad() to score only."""
+    prompt_ids, output_ids = list(prompt_ids), list(output_ids)
+    if not prompt_ids or not output_ids:
+        raise ValueError(f"need at least one prompt and one output token to score, got {len(prompt_ids)} "
+                         f"and {len(output_ids)}")
+    device = next(model.parameters()).device
+    input_ids = torch.tensor([prompt_ids + output_ids], dtype=torch.long, device=device)
+    logits = model(input_ids=input_ids, use_cache=False).logits[0, len(prompt_ids) - 1: -1].float()
+    targets = input_ids[0, len(prompt_ids):]
+    return torch.nn.functional.cross_entropy(logits, targets, reduction="none")
 
 
 @torch.inference_mode()
 def token_nll(model, token_ids: Sequence[int]) -> torch.Tensor:
-    """Negative log-likelihood (nats, float32) of tokens[1:] given their prefixes, one forward pass."""
+    """NLL (nats) of tokens[1:] given their prefixes, one forward pass."""
     token_ids = list(token_ids)
     if len(token_ids) < 2:
         raise ValueError(f"need at least 2 tokens to score a continuation, got {len(token_ids)}")
-    device = next(model.parameters()).device
-    input_ids = torch.tensor([token_ids], dtype=torch.long, device=device)
-    logits = model(input_ids=input_ids, use_cache=False).logits[0, :-1].float()
-    targets = input_ids[0, 1:]
-    return torch.nn.functional.cross_entropy(logits, targets, reduction="none").cpu()
+    return continuation_nll(model, token_ids[:1], token_ids[1:]).cpu()
 
 
 def perplexity(model, sequences: Sequence[Sequence[int]]) -> float:

@@ -8,15 +8,13 @@ from __future__ import annotations
 
 import argparse
 import html
-import json
 import sys
 import time
 from pathlib import Path
 
 from specdec_lab import params
-
-PARAMS_DIR = params.REPO_ROOT / "params"
-REPORTS_DIR = params.REPO_ROOT / "reports"
+from specdec_lab.runs import outputs
+from specdec_lab.runs.paths import NOTEBOOKS_DIR, PARAMS_DIR, REPO_ROOT, REPORTS_DIR
 
 
 def profiles() -> list[str]:
@@ -39,7 +37,7 @@ def parameter_files(profile: str, only: list[str] | None = None) -> list[Path]:
 
 
 def _shown(path: Path) -> str:
-    return str(path.relative_to(params.REPO_ROOT)) if path.is_relative_to(params.REPO_ROOT) else str(path)
+    return str(path.relative_to(REPO_ROOT)) if path.is_relative_to(REPO_ROOT) else str(path)
 
 
 def validate_all(files: list[Path]) -> dict[str, dict]:
@@ -57,15 +55,6 @@ def validate_all(files: list[Path]) -> dict[str, dict]:
     if found:
         raise params.ParameterError("bad parameter files (nothing was run):\n- " + "\n- ".join(found))
     return values
-
-
-def headline_path(results_dir: str, notebook: str) -> Path:
-    return params.results_path(results_dir, notebook, "headline.json")
-
-
-def write_headline(results_dir: str, notebook: str, numbers: dict) -> None:
-    """Notebooks call this with their few key numbers; the index page shows them."""
-    headline_path(results_dir, notebook).write_text(json.dumps(numbers, indent=1, default=str))
 
 
 HINTS = {
@@ -116,10 +105,7 @@ def write_index(profile: str, out_dir: Path, statuses: dict[str, str], results_d
     ones'), with its headline numbers."""
     rows = []
     for stem in sorted(p.stem for p in out_dir.glob("*.ipynb")):
-        numbers = {}
-        headline = params.results_path(results_dirs.get(stem, f"results/{profile}"), stem, "headline.json")
-        if headline.exists():
-            numbers = json.loads(headline.read_text())
+        numbers = outputs.read_headline(results_dirs.get(stem, f"results/{profile}"), stem)
         status = statuses.get(stem, "from an earlier run")
         figures = "".join(f"<li>{html.escape(str(k))}: <b>{html.escape(str(v))}</b></li>" for k, v in numbers.items())
         rows.append(
@@ -161,7 +147,7 @@ def reproduce(profile: str, only: list[str] | None = None, results_dir: str | No
         try:
             papermill.execute_notebook(
                 str(params.notebook_path(stem)), str(executed), parameters=values[stem],
-                cwd=str(params.NOTEBOOKS_DIR), progress_bar=True, kernel_name="python3",
+                cwd=str(NOTEBOOKS_DIR), progress_bar=True, kernel_name="python3",
             )
             status = f"ok in {time.time() - started:.0f} s"
         except papermill.PapermillExecutionError as error:

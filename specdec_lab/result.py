@@ -6,6 +6,42 @@ from dataclasses import asdict, dataclass, field
 
 
 @dataclass
+class BlockTrace:
+    """The Jacobi trajectory of one block: the state fed to each iteration and where it converged
+    (CLLM training data)."""
+
+    start: int  # offset of the block's first token in the generated sequence
+    states: list[list[int]]  # the whole block (fixed part + open guesses) as fed to each iteration
+    fixed_per_iteration: list[int]  # tokens fixed by each iteration (>= 1)
+    fixed_point: list[int]  # the converged block (shorter than the states if generation stopped inside)
+    converged: bool
+
+
+@dataclass
+class JacobiBlock:
+    """What one Jacobi block took: iterations to converge, tokens fixed beyond one per iteration
+    (fast-forwarded), and tokens that were right early and stayed (stationary)."""
+
+    iterations: int
+    fast_forward: int
+    stationary: int
+
+
+@dataclass
+class JacobiStats:
+    block_size: int
+    init: str
+    blocks: list[JacobiBlock] = field(default_factory=list)
+    traces: list[BlockTrace] | None = None  # every block's trajectory, when asked for (record_states)
+
+    @classmethod
+    def from_dict(cls, record: dict) -> "JacobiStats":
+        traces = record.get("traces")
+        return cls(record["block_size"], record["init"], [JacobiBlock(**b) for b in record["blocks"]],
+                   None if traces is None else [BlockTrace(**t) for t in traces])
+
+
+@dataclass
 class GenerationResult:
     """What one decoding call produced and what it cost.
 
@@ -24,8 +60,8 @@ class GenerationResult:
     wall_time_s: float = 0.0
     time_to_first_token_s: float = 0.0
     peak_memory_bytes: int | None = None  # CPU: peak RSS while decoding; CUDA: max allocated
-    text: str = ""
-    extras: dict = field(default_factory=dict)  # method-specific details (Jacobi block stats, ...)
+    jacobi: JacobiStats | None = None  # Jacobi decoding's per-block statistics
+    extras: dict = field(default_factory=dict)  # other method-specific details (draft-then-score's score)
 
     @property
     def num_tokens(self) -> int:
@@ -52,4 +88,7 @@ class GenerationResult:
     @classmethod
     def from_dict(cls, record: dict) -> "GenerationResult":
         names = cls.__dataclass_fields__
-        return cls(**{key: value for key, value in record.items() if key in names})
+        values = {key: value for key, value in record.items() if key in names}
+        if isinstance(values.get("jacobi"), dict):
+            values["jacobi"] = JacobiStats.from_dict(values["jacobi"])
+        return cls(**values)

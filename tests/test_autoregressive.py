@@ -1,7 +1,7 @@
 import pytest
 import torch
 
-from specdec_lab.decoders import autoregressive, hf
+from specdec_lab.decoders import autoregressive, hf_peers
 from specdec_lab.sampling import Sampling
 from tiny import PROMPT, tiny_llama
 
@@ -18,7 +18,7 @@ def test_greedy_equals_transformers_generate_in_fp32():
 def test_peer_wrapper_matches_and_counts_forwards():
     model = tiny_llama()
     ours = autoregressive.generate(model, PROMPT, 25, stop_ids=[])
-    peer = hf.generate(model, PROMPT, 25, stop_ids=[])
+    peer = hf_peers.generate(model, PROMPT, 25, stop_ids=[])
     assert peer.tokens == ours.tokens
     assert peer.target_forwards == 25  # one prefill + 24 decode steps, counted by a hook
     assert 0 < peer.time_to_first_token_s <= peer.wall_time_s

@@ -5,9 +5,10 @@ from functools import partial
 
 import pytest
 
-from specdec_lab import bench
 from specdec_lab.data import Prompt
 from specdec_lab.decoders import autoregressive
+from specdec_lab.method import Method
+from specdec_lab.runs import bench, jsonl
 from tiny import tiny_llama
 
 
@@ -38,9 +39,10 @@ class Counting:
         return self.decode(prompt_ids)
 
 
-def decoders(**counting):
+def decoders(**counting) -> list[Method]:
     model = tiny_llama()
-    return {"ar": Counting(partial(autoregressive.generate, model, max_new_tokens=6, stop_ids=[]), **counting)}
+    counted = Counting(partial(autoregressive.generate, model, max_new_tokens=6, stop_ids=[]), **counting)
+    return [Method("ar", counted, lossless=True, role="target AR", params={"max_new_tokens": 6})]
 
 
 def test_rows_are_written_as_produced_and_a_rerun_resumes(tmp_path):
@@ -52,7 +54,7 @@ def test_rows_are_written_as_produced_and_a_rerun_resumes(tmp_path):
 
     resumed = decoders()
     rows = bench.run(resumed, PROMPTS, Tokens(), out, repeats=2, warmup=0, config={"x": 1})
-    assert resumed["ar"].calls == 1  # only the missing sample ran
+    assert resumed[0].decode.calls == 1  # only the missing sample ran
     assert len(rows) == 4 and sorted(zip(rows.prompt_id, rows.repeat)) == [("a", 0), ("a", 1), ("b", 0), ("b", 1)]
 
     uninterrupted = bench.run(decoders(), PROMPTS, Tokens(), tmp_path / "once.jsonl", repeats=2, warmup=0, config={"x": 1})
@@ -65,7 +67,7 @@ def test_other_parameters_never_mix_with_old_rows(tmp_path):
     bench.run(decoders(), PROMPTS, Tokens(), out, repeats=1, warmup=0, config={"max_new_tokens": 6})
     fresh = decoders()
     rows = bench.run(fresh, PROMPTS, Tokens(), out, repeats=1, warmup=0, config={"max_new_tokens": 7})
-    assert fresh["ar"].calls == 2 and len(rows) == 2
+    assert fresh[0].decode.calls == 2 and len(rows) == 2
     assert {r["config"]["max_new_tokens"] for r in map(json.loads, out.read_text().splitlines())} == {6, 7}
 
 
@@ -74,7 +76,7 @@ def test_a_rerun_over_fewer_prompts_returns_only_those(tmp_path):
     bench.run(decoders(), PROMPTS, Tokens(), out, repeats=2, warmup=0, config={"x": 1})
     fewer = decoders()
     rows = bench.run(fewer, PROMPTS[:1], Tokens(), out, repeats=1, warmup=0, config={"x": 1})
-    assert fewer["ar"].calls == 0  # resumed from the file
+    assert fewer[0].decode.calls == 0  # resumed from the file
     assert sorted(zip(rows.prompt_id, rows.repeat)) == [("a", 0)]
 
 
@@ -83,7 +85,7 @@ def test_a_line_cut_off_by_a_crash_is_skipped(tmp_path):
     bench.run(decoders(), PROMPTS[:1], Tokens(), out, repeats=1, warmup=0)
     with out.open("a") as handle:
         handle.write('{"run_id": "half a li')
-    assert len(bench.read_rows(out)) == 1
+    assert len(jsonl.read(out)) == 1
 
 
 def test_rows_carry_derived_numbers_and_environment(tmp_path):
@@ -91,14 +93,26 @@ def test_rows_carry_derived_numbers_and_environment(tmp_path):
     row = rows.iloc[0]
     assert row.num_tokens == 6 and row.tokens_per_second > 0 and row.target_forwards == 6
     assert row.env["torch"] and row.text == " ".join(map(str, row.tokens))
+    # the method's declared properties travel with every row: tables select by them, never by name
+    assert row.decoder == "ar" and row.lossless and row.role == "target AR" and row.method_params == {"max_new_tokens": 6}
+
+
+def test_method_names_must_be_unique(tmp_path):
+    with pytest.raises(ValueError, match="unique"):
+        bench.run(decoders() + decoders(), PROMPTS, Tokens(), tmp_path / "r.jsonl")
+
+
+def test_a_method_with_an_unknown_role_is_refused():
+    with pytest.raises(ValueError, match="unknown role 'baseline'"):
+        Method("ar", print, lossless=True, role="baseline")
 
 
 @pytest.mark.parametrize("kwargs, message", [
     (dict(prompts=[]), "empty prompt set"),
     (dict(repeats=0), "repeats must be >= 1"),
-    (dict(decoders={}), "no decoders"),
+    (dict(methods=[]), "no methods"),
 ])
 def test_bad_runner_input(tmp_path, kwargs, message):
-    arguments = dict(decoders=decoders(), prompts=PROMPTS, tokenizer=Tokens(), out=tmp_path / "r.jsonl") | kwargs
+    arguments = dict(methods=decoders(), prompts=PROMPTS, tokenizer=Tokens(), out=tmp_path / "r.jsonl") | kwargs
     with pytest.raises(ValueError, match=message):
         bench.run(**arguments)

@@ -10,12 +10,14 @@ import torch
 from tokenizers import Tokenizer, models as tokenizer_models, pre_tokenizers
 from transformers import LlamaForCausalLM, PreTrainedTokenizerFast
 
-from specdec_lab import models
-from specdec_lab.cllm import evaluate, losses, train, trajectories
+from specdec_lab import data, models
+from specdec_lab.cllm import losses, train, trajectories
 from specdec_lab.cllm.trajectories import Sample
 from specdec_lab.data import Prompt
 from specdec_lab.decoders import autoregressive
-from specdec_lab.decoders.jacobi import correct_prefix_length
+from specdec_lab.experiments import cllm as evaluate
+from specdec_lab.experiments import lineups
+from specdec_lab.quality import common_prefix_length
 from tiny import tiny_llama
 
 WORDS = [f"w{i}" for i in range(60)]
@@ -65,7 +67,7 @@ def test_records_hold_the_greedy_output_and_each_blocks_trajectory(loaded, tmp_p
             start, fixed_point = block["start"], block["fixed_point"]
             assert record["output_ids"][start: start + len(fixed_point)] == fixed_point
     found = trajectories.samples(records)
-    assert found and all(correct_prefix_length(s.state, s.fixed_point) <= len(s.fixed_point) - 2 for s in found)
+    assert found and all(common_prefix_length(s.state, s.fixed_point) <= len(s.fixed_point) - 2 for s in found)
 
 
 def test_collection_resumes_after_an_interruption(loaded, tmp_path):
@@ -224,8 +226,8 @@ def test_training_resumes_from_the_last_checkpoint(loaded, model_folder, tmp_pat
     assert [row["step"] for row in train.read_losses(tmp_path / "cut")] == list(range(1, 9))
 
 
-def test_spread_over_groups_takes_prompts_round_robin():
-    chosen = evaluate.spread_over_groups(prompts(6), 3)
+def test_prompts_are_taken_round_robin_over_databases():
+    chosen = data.round_robin(prompts(6), key=lambda prompt: prompt.group)[:3]
     assert [p.group for p in chosen] == ["g0", "g1", "g0"]
     assert [p.id for p in chosen] == ["p0", "p1", "p2"]
 
@@ -233,9 +235,9 @@ def test_spread_over_groups_takes_prompts_round_robin():
 def test_block_table_has_one_row_per_block(loaded):
     from specdec_lab.decoders import jacobi
     result = jacobi.generate(loaded.model, [3, 4, 5], 20, block_size=6, stop_ids=[])
-    rows = pd.DataFrame([{"decoder": "Jacobi", "prompt_id": "p", "repeat": 0, "extras": result.extras}])
+    rows = pd.DataFrame([{"decoder": "Jacobi", "prompt_id": "p", "repeat": 0, "jacobi": result.to_dict()["jacobi"]}])
     blocks = evaluate.block_table(rows)
-    assert len(blocks) == len(result.extras["iterations_per_block"])
+    assert len(blocks) == len(result.jacobi.blocks)
     assert blocks.iterations.sum() == len(result.accepted_per_step)
     summary = evaluate.block_summary(blocks)
     assert summary.loc["Jacobi", "blocks"] == len(blocks)
@@ -243,17 +245,21 @@ def test_block_table_has_one_row_per_block(loaded):
 
 def test_seen_and_held_out_labels_the_jacobi_rows_of_each_side():
     def rows(tokens_per_forward: dict) -> pd.DataFrame:
-        return pd.DataFrame([{"decoder": name, "prompt_id": "p", "tokens_per_target_forward": value}
+        return pd.DataFrame([{"decoder": name, "role": "target AR" if name == lineups.BASE_AR else "parallel",
+                              "prompt_id": "p", "tokens_per_target_forward": value}
                              for name, value in tokens_per_forward.items()])
-    seen = rows({evaluate.BASE_JACOBI: 1.1, evaluate.CLLM_JACOBI: 1.8})
-    held_out = rows({evaluate.BASE_AR: 1.0, evaluate.BASE_JACOBI: 1.05, evaluate.CLLM_JACOBI: 1.2})
+    seen = rows({lineups.BASE_JACOBI: 1.1, lineups.CLLM_JACOBI: 1.8})
+    held_out = rows({lineups.BASE_AR: 1.0, lineups.BASE_JACOBI: 1.05, lineups.CLLM_JACOBI: 1.2})
     both = evaluate.seen_and_held_out(seen, held_out)
-    assert evaluate.BASE_AR not in set(both.decoder)
+    assert lineups.BASE_AR not in set(both.decoder)
     table = both.pivot_table(index="decoder", columns="prompts", values="tokens_per_target_forward")
-    assert table.loc[evaluate.CLLM_JACOBI, "training databases"] == 1.8
-    assert table.loc[evaluate.CLLM_JACOBI, "held-out databases"] == 1.2
+    assert table.loc[lineups.CLLM_JACOBI, "training databases"] == 1.8
+    assert table.loc[lineups.CLLM_JACOBI, "held-out databases"] == 1.2
 
 
-def test_jacobi_only_drops_the_ar_baseline(loaded):
-    decoders = evaluate.line_up(loaded, loaded, max_new_tokens=4, block_size=2)
-    assert list(evaluate.jacobi_only(decoders)) == [evaluate.BASE_JACOBI, evaluate.CLLM_JACOBI]
+def test_cllm_line_up_declares_what_each_method_is(loaded):
+    methods = lineups.cllm(loaded, loaded, max_new_tokens=4, block_size=2)
+    assert [(m.name, m.role, m.lossless) for m in methods] == [
+        (lineups.BASE_AR, "target AR", True), (lineups.BASE_JACOBI, "parallel", True),
+        (lineups.CLLM_JACOBI, "parallel", False)]  # a fine-tuned model's text is its own
+    assert [m.name for m in lineups.cllm(loaded, loaded, 4, 2, with_ar=False)] == [lineups.BASE_JACOBI, lineups.CLLM_JACOBI]

@@ -3,7 +3,8 @@ from pathlib import Path
 
 import pytest
 
-from specdec_lab import data, zoo
+from specdec_lab import data
+from specdec_lab.models import zoo
 from specdec_lab.data import PROMPT_SETS, Prompt, encode, load_prompts, select, split_by_group
 
 

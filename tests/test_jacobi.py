@@ -8,7 +8,8 @@ from transformers import LlamaForCausalLM
 
 from specdec_lab.decoders import autoregressive, jacobi
 from tiny import tiny_llama
-from specdec_lab.decoders.jacobi import BlockTrace, block_statistics, count_fixed, stationary_tokens
+from specdec_lab.decoders.jacobi import block_statistics, count_fixed, stationary_tokens
+from specdec_lab.result import BlockTrace, JacobiBlock
 
 PROMPT = [1, 5, 9, 14, 3, 22, 7]
 
@@ -64,16 +65,16 @@ def test_stops_after_first_eos_inside_a_block(model, block_size):
 
 def test_blocks_record_the_trajectory_and_its_fixed_point(model):
     result = jacobi.generate(model, PROMPT, 30, block_size=6, init="repeat_last", stop_ids=[], record_states=True)
-    blocks = result.extras["blocks"]
-    assert [t for block in blocks for t in block["fixed_point"]] == result.tokens[: sum(len(b["fixed_point"]) for b in blocks)]
+    blocks = result.jacobi.traces
+    assert [t for block in blocks for t in block.fixed_point] == result.tokens[: sum(len(b.fixed_point) for b in blocks)]
     for block in blocks:
-        assert block["start"] == sum(len(b["fixed_point"]) for b in blocks if b["start"] < block["start"])
-        assert all(len(state) == len(block["fixed_point"]) for state in block["states"])
-        if block["converged"]:
-            assert block["states"][-1] == block["fixed_point"]
-    assert len(result.extras["iterations_per_block"]) == len(blocks)
-    assert sum(result.extras["iterations_per_block"]) == len(result.accepted_per_step)
-    assert sum(result.extras["fast_forward_tokens"]) == sum(result.accepted_per_step)
+        assert block.start == sum(len(b.fixed_point) for b in blocks if b.start < block.start)
+        assert all(len(state) == len(block.fixed_point) for state in block.states)
+        if block.converged:
+            assert block.states[-1] == block.fixed_point
+    assert len(result.jacobi.blocks) == len(blocks)
+    assert sum(b.iterations for b in result.jacobi.blocks) == len(result.accepted_per_step)
+    assert sum(b.fast_forward for b in result.jacobi.blocks) == sum(result.accepted_per_step)
 
 
 def test_output_does_not_depend_on_the_initial_guess(model):
@@ -86,7 +87,7 @@ def test_max_iterations_keeps_the_output_exact(model):
     expected = autoregressive.generate(model, PROMPT, 30, stop_ids=[]).tokens
     result = jacobi.generate(model, PROMPT, 30, block_size=8, max_iterations=1, stop_ids=[])
     assert result.tokens == expected
-    assert max(result.extras["iterations_per_block"]) == 1
+    assert max(b.iterations for b in result.jacobi.blocks) == 1
 
 
 def test_count_fixed():
@@ -100,7 +101,7 @@ def test_stationary_and_fast_forward_counts():
     states = [[1, 9, 3, 4], [1, 2, 3, 4]]  # 3 and 4 right (and kept) while 2 was still wrong
     assert stationary_tokens(states, fixed_point) == 2
     trace = BlockTrace(start=0, states=states, fixed_per_iteration=[1, 3], fixed_point=fixed_point, converged=True)
-    assert block_statistics(trace) == {"iterations": 2, "fast_forward": 2, "stationary": 2}
+    assert block_statistics(trace) == JacobiBlock(iterations=2, fast_forward=2, stationary=2)
     # a token that is right, then changes, then is right again counts from its last change only
     assert stationary_tokens([[1, 9, 9, 4], [1, 2, 8, 4], [1, 2, 3, 4]], fixed_point) == 1
 

@@ -6,8 +6,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from specdec_lab import models, zoo
-from specdec_lab.decoders import autoregressive, hf, speculative
+from specdec_lab import models
+from specdec_lab.models import zoo
+from specdec_lab.decoders import autoregressive, hf_peers, speculative
 from specdec_lab.decoders.candidates import DraftModelCandidates, PromptLookupCandidates
 
 
@@ -70,7 +71,7 @@ def test_zoo_model_loads_and_our_greedy_equals_generate(smollm2):
                                                    add_generation_prompt=True)
     prompt = list(prompt["input_ids"] if hasattr(prompt, "keys") else prompt)
     ours = autoregressive.generate(smollm2.model, prompt, 32)
-    theirs = hf.generate(smollm2.model, prompt, 32)
+    theirs = hf_peers.generate(smollm2.model, prompt, 32)
     assert ours.tokens == theirs.tokens
     assert smollm2.weight_bytes > 100 * 2**20
 

@@ -3,7 +3,9 @@ names the bad value (the README's table lists these checks)."""
 
 import pytest
 
-from specdec_lab import params, report, zoo
+from specdec_lab import params, report
+from specdec_lab.models import zoo
+from specdec_lab.runs.paths import REPO_ROOT
 
 
 @pytest.mark.parametrize("profile", report.profiles())
@@ -19,7 +21,7 @@ def test_every_profile_covers_the_same_notebooks():
     assert stems["cpu"] == notebooks
 
 
-GOOD = params.load_yaml(params.REPO_ROOT / "params/smoke/02_speculative.yaml")
+GOOD = params.load_yaml(REPO_ROOT / "params/smoke/02_speculative.yaml")
 
 
 @pytest.mark.parametrize("change, message", [

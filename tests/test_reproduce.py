@@ -12,7 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from specdec_lab import bench, report
+from specdec_lab import report
+from specdec_lab.runs import jsonl
 
 ROOT = Path(__file__).resolve().parents[1]
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
@@ -69,17 +70,17 @@ def test_an_interrupted_reproduce_resumes_without_recomputing(tmp_path):
                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
     deadline = time.time() + 600
     while time.time() < deadline and process.poll() is None:
-        if runs.exists() and len(bench.read_rows(runs)) >= 2:
+        if runs.exists() and len(jsonl.read(runs)) >= 2:
             os.killpg(process.pid, signal.SIGKILL)  # as hard as a crash: no cleanup runs
             break
         time.sleep(0.02)
     process.wait()
-    before = bench.read_rows(runs)
+    before = jsonl.read(runs)
     assert 2 <= len(before) < 8, "the run should have been interrupted part-way (8 samples in smoke)"
 
     done = subprocess.run(reproduce_command(results, reports, "01_baseline"), cwd=ROOT, capture_output=True, text=True)
     assert done.returncode == 0, done.stderr[-3000:]
-    after = bench.read_rows(runs)
+    after = jsonl.read(runs)
     assert after[: len(before)] == before  # finished samples were kept, not recomputed
     keys = [(r["decoder"], r["prompt_id"], r["repeat"]) for r in after]
     assert len(keys) == len(set(keys)) == 8
@@ -88,7 +89,7 @@ def test_an_interrupted_reproduce_resumes_without_recomputing(tmp_path):
     subprocess.run(reproduce_command(fresh, tmp_path / "fresh-reports", "01_baseline"), cwd=ROOT, check=True,
                    capture_output=True)
     tokens = lambda rows: sorted((r["decoder"], r["prompt_id"], r["repeat"], r["tokens"]) for r in rows)
-    assert tokens(after) == tokens(bench.read_rows(fresh / "01_baseline" / "runs.jsonl"))
+    assert tokens(after) == tokens(jsonl.read(fresh / "01_baseline" / "runs.jsonl"))
 
 
 def test_an_error_shows_a_message_and_a_hint_not_a_traceback():

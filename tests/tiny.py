@@ -35,3 +35,19 @@ def tiny_llama(seed: int = 0, vocab_size: int = 97, layers: int = 2, hidden: int
         if head_std is not None:
             model.lm_head.weight.normal_(0.0, head_std)
     return model
+
+
+TINY_VOCAB = 64  # save_tiny_model: word-level tokens t0..t63
+
+
+def save_tiny_model(path, seed: int, bias: bool = False) -> str:
+    """A tiny random Llama saved with a word-level tokenizer, so `models.load` runs its real path."""
+    from tokenizers import Tokenizer, models as token_models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    model = tiny_llama(seed, vocab_size=TINY_VOCAB, hidden=64, weight_std=0.3, eos_token_id=None, bias=bias)
+    model.save_pretrained(path)
+    words = Tokenizer(token_models.WordLevel({f"t{i}": i for i in range(TINY_VOCAB)}, unk_token="t0"))
+    words.pre_tokenizer = pre_tokenizers.Whitespace()
+    PreTrainedTokenizerFast(tokenizer_object=words, unk_token="t0").save_pretrained(path)
+    return str(path)

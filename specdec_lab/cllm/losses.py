@@ -23,10 +23,8 @@ from transformers import DynamicCache
 
 from specdec_lab.cllm.trajectories import Sample
 from specdec_lab.decoders.common import truncate_cache
-from specdec_lab.decoders.jacobi import correct_prefix_length
-
-CONSISTENCY_KINDS = ("global", "local")
-CONSISTENCY_TARGETS = ("soft", "hard")
+from specdec_lab.cllm.constants import CONSISTENCY_KINDS, CONSISTENCY_TARGETS
+from specdec_lab.quality import common_prefix_length
 
 
 @dataclass(frozen=True)
@@ -52,7 +50,7 @@ class LossWeights:
 def consistency_mask(state: Sequence[int], fixed_point: Sequence[int]) -> torch.Tensor:
     """True at the block positions that count: those after the state's converged prefix."""
     mask = torch.ones(len(fixed_point), dtype=torch.bool)
-    mask[: correct_prefix_length(state, fixed_point)] = False
+    mask[: common_prefix_length(state, fixed_point)] = False
     return mask
 
 
@@ -145,13 +143,3 @@ def prompt_losses(model, states: Sequence[Sample], weights: LossWeights) -> dict
     consistency = torch.stack([one_state(*state) for state in logits["states"]]).mean()
     total = weights.ar_weight * ar + weights.consistency_weight * consistency
     return {"loss": total, "ar_loss": ar, "consistency_loss": consistency}
-
-
-@torch.no_grad()
-def sequence_nll(model, prompt_ids: Sequence[int], output_ids: Sequence[int]) -> float:
-    """Mean negative log-likelihood per output token (no smoothing): how well a model still predicts
-    a given text, e.g. the base model's greedy answers to held-out prompts."""
-    sequence = list(prompt_ids) + list(output_ids)
-    input_ids = torch.tensor([sequence], dtype=torch.long, device=model.device)
-    logits = model(input_ids=input_ids).logits[0, len(prompt_ids) - 1: len(sequence) - 1]
-    return float(ar_loss(logits, output_ids, label_smoothing=0.0))

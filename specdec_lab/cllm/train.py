@@ -12,7 +12,6 @@ several processes, the losses are the main process's share of the step).
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import random
 import shutil
@@ -27,14 +26,14 @@ from accelerate import Accelerator
 from tqdm.auto import tqdm
 
 from specdec_lab import models
-from specdec_lab.bench import config_hash, read_rows
+from specdec_lab.cllm.constants import MIXED_PRECISION
 from specdec_lab.cllm.losses import LossWeights, prompt_losses
 from specdec_lab.cllm.trajectories import Sample, samples, usable
+from specdec_lab.runs import jsonl
 
 STATE_FILE = "training_state.pt"
 LOSS_LOG = "losses.jsonl"
 FINAL = "final"
-MIXED_PRECISION = ("no", "bf16", "fp16")
 
 
 @dataclass(frozen=True)
@@ -124,13 +123,12 @@ def _prune(out: Path, keep: int) -> None:
 
 def _trim_log(path: Path, step: int) -> None:
     """Drop log lines after the checkpoint a run resumes from (they will be produced again)."""
-    rows = [row for row in read_rows(path) if row["step"] <= step]
-    path.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    jsonl.rewrite(path, [row for row in jsonl.read(path) if row["step"] <= step])
 
 
 def last_run(path: Path) -> list[dict]:
     """The records of the newest collection run in a trajectory file (a file may hold several)."""
-    rows = read_rows(path)
+    rows = jsonl.read(path)
     if not rows:
         raise ValueError(f"no trajectory records in {path}: run cllm.trajectories.collect first")
     return [row for row in rows if row.get("run_id") == rows[-1].get("run_id")]
@@ -141,7 +139,7 @@ def run_folder(parent: str | Path, model: str, records: Sequence[dict], config: 
     with other parameters trains anew instead of resuming a run it does not match."""
     identity = {"model": model, "dtype": dtype, "config": asdict(config),
                 "data": sorted((r["run_id"], r["prompt_id"]) for r in records)}
-    return Path(parent) / f"cllm-{config_hash(identity)}"
+    return Path(parent) / f"cllm-{jsonl.config_hash(identity)}"
 
 
 def train(
@@ -214,8 +212,7 @@ def train(
         if accelerator.is_main_process:
             row = {"step": step, **totals, "lr": learning_rate(step - 1, config),
                    "step_s": round(time.perf_counter() - step_start, 3)}
-            with log.open("a") as handle:
-                handle.write(json.dumps(row) + "\n")
+            jsonl.append(log, row)
             bar.set_postfix(loss=f"{totals['loss']:.3f}", consistency=f"{totals['consistency_loss']:.3f}")
         bar.update(1)
         if step % config.checkpoint_every == 0 or step == config.steps:
@@ -236,7 +233,7 @@ def train(
 
 def read_losses(out: str | Path) -> list[dict]:
     """The loss curve of a training run (one row per optimizer step)."""
-    return read_rows(Path(out) / LOSS_LOG)
+    return jsonl.read(Path(out) / LOSS_LOG)
 
 
 def main(argv: list[str] | None = None) -> None:

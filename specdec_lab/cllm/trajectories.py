@@ -9,19 +9,17 @@ and left out of the training samples: training a model to jump to a loop teaches
 
 from __future__ import annotations
 
-import json
-import os
 from collections import Counter
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from tqdm.auto import tqdm
 
-from specdec_lab.bench import config_hash, read_rows
 from specdec_lab.data import Prompt, encode
 from specdec_lab.decoders import jacobi
-from specdec_lab.decoders.jacobi import correct_prefix_length
+from specdec_lab.quality import common_prefix_length
+from specdec_lab.runs import jsonl
 
 
 @dataclass(frozen=True)
@@ -37,14 +35,6 @@ class Sample:
     block_index: int
     iteration: int
     prompt_id: str = ""
-
-
-def append_row(path: Path, row: dict) -> None:
-    """Append one JSONL line and make it durable before going on (a crash loses at most the next one)."""
-    with path.open("a") as handle:
-        handle.write(json.dumps(row) + "\n")
-        handle.flush()
-        os.fsync(handle.fileno())
 
 
 def max_ngram_repeats(tokens: Sequence[int], n: int) -> int:
@@ -81,11 +71,9 @@ def collect(
     `on_record` is called after each record is written (progress hooks, tests)."""
     if not prompts:
         raise ValueError("no prompts to collect trajectories for: check the prompt counts in the parameters")
-    out = Path(out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    run_id = config_hash({"config": dict(config or {}), "max_new_tokens": max_new_tokens, "block_size": block_size,
+    run_id = jsonl.config_hash({"config": dict(config or {}), "max_new_tokens": max_new_tokens, "block_size": block_size,
                           "init": init, "seed": seed, "chat": chat})
-    done = {row["prompt_id"] for row in read_rows(out) if row.get("run_id") == run_id}
+    done = jsonl.done(out, run_id, key=lambda row: row["prompt_id"])
     todo = [p for p in prompts if p.id not in done]
     for prompt in tqdm(todo, desc=desc, initial=len(prompts) - len(todo), total=len(prompts)):
         prompt_ids = encode(tokenizer, prompt, chat=chat)
@@ -93,14 +81,14 @@ def collect(
                                  record_states=True)
         record = {
             "run_id": run_id, "prompt_id": prompt.id, "group": prompt.group, "prompt_ids": prompt_ids,
-            "output_ids": result.tokens, "blocks": result.extras["blocks"],
+            "output_ids": result.tokens, "blocks": [asdict(trace) for trace in result.jacobi.traces],
             "degenerate": is_degenerate(result.tokens, ngram, max_repeats),
             "target_forwards": result.target_forwards, "wall_time_s": result.wall_time_s,
         }
-        append_row(out, record)
+        jsonl.append(out, record)
         if on_record is not None:
             on_record(record)
-    by_id = {row["prompt_id"]: row for row in read_rows(out) if row.get("run_id") == run_id}
+    by_id = jsonl.done(out, run_id, key=lambda row: row["prompt_id"])
     return [by_id[p.id] for p in prompts if p.id in by_id]
 
 
@@ -120,7 +108,7 @@ def samples(records: Sequence[dict]) -> list[Sample]:
         for block_index, block in enumerate(record["blocks"]):
             fixed_point, states = block["fixed_point"], block["states"]
             for iteration, state in enumerate(states):
-                if correct_prefix_length(state, fixed_point) >= len(fixed_point) - 1:
+                if common_prefix_length(state, fixed_point) >= len(fixed_point) - 1:
                     continue
                 next_state = states[iteration + 1] if iteration + 1 < len(states) else fixed_point
                 found.append(Sample(record["prompt_ids"], record["output_ids"], block["start"], state, fixed_point,

@@ -5,14 +5,11 @@ Read top to bottom: prefill the prompt, then decode one token at a time (gpt-fas
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 import torch
 
-from specdec_lab.decoders.common import (
-    as_token_list, check_max_new_tokens, clock, forward, new_cache, stop_token_ids,
-)
-from specdec_lab.memory import PeakMemory
+from specdec_lab.decoders.common import DecodingRun, forward, new_cache
 from specdec_lab.result import GenerationResult
 from specdec_lab.sampling import GREEDY, Sampling, next_token
 
@@ -27,6 +24,19 @@ def decode_one_token(model, token: int, cache) -> torch.Tensor:
     return forward(model, [token], cache, logits_to_keep=1)[-1]
 
 
+def decode_tokens(model, prompt_ids: list[int], max_new_tokens: int, sampling: Sampling, rng,
+                  stop_ids: frozenset[int], on_first_token: Callable[[], None] = lambda: None) -> list[int]:
+    """The AR loop itself: prefill, then one token per forward until a stop token or max_new_tokens."""
+    cache = new_cache(model)
+    token = next_token(prefill(model, prompt_ids, cache), sampling, rng)
+    on_first_token()
+    tokens = [token]
+    while len(tokens) < max_new_tokens and token not in stop_ids:
+        token = next_token(decode_one_token(model, token, cache), sampling, rng)
+        tokens.append(token)
+    return tokens
+
+
 @torch.inference_mode()
 def generate(
     model,
@@ -36,30 +46,14 @@ def generate(
     stop_ids: Iterable[int] | None = None,
 ) -> GenerationResult:
     """Greedy or sampled decoding until a stop token or `max_new_tokens`."""
-    prompt_ids = as_token_list(prompt_ids)
-    check_max_new_tokens(max_new_tokens)
-    stop_ids = stop_token_ids(model) if stop_ids is None else frozenset(stop_ids)
-    device = model.device
-    rng = None if sampling.greedy else sampling.generator(device)
-    cache = new_cache(model)
-
-    with PeakMemory(device) as memory:
-        start = clock(device)
-        token = next_token(prefill(model, prompt_ids, cache), sampling, rng)
-        first_token_time = clock(device) - start
-        tokens = [token]
-        while len(tokens) < max_new_tokens and token not in stop_ids:
-            token = next_token(decode_one_token(model, token, cache), sampling, rng)
-            tokens.append(token)
-        wall_time = clock(device) - start
-
-    return GenerationResult(
-        prompt_length=len(prompt_ids),
-        tokens=tokens,
+    run = DecodingRun(model, prompt_ids, max_new_tokens, stop_ids)
+    rng = None if sampling.greedy else sampling.generator(run.device)
+    with run:
+        tokens = decode_tokens(model, run.prompt_ids, max_new_tokens, sampling, rng, run.stop_ids,
+                               on_first_token=run.first_token_done)
+    return run.result(
+        tokens,
         accepted_per_step=[0] * (len(tokens) - 1),
         proposed_per_step=[0] * (len(tokens) - 1),
         target_forwards=len(tokens),  # the prefill yields the first token, then one pass per token
-        wall_time_s=wall_time,
-        time_to_first_token_s=first_token_time,
-        peak_memory_bytes=memory.peak_bytes,
     )

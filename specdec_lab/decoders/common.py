@@ -1,12 +1,17 @@
-"""Small pieces every decoder shares: one forward pass with a KV cache, cache rollback, clocks."""
+"""Small pieces every decoder shares: one forward pass with a KV cache, cache rollback, clocks,
+and `DecodingRun`, the set-up, timing and result construction around every decode loop."""
 
 from __future__ import annotations
 
 import time
 from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
 
 import torch
 from transformers import DynamicCache
+
+from specdec_lab.memory import PeakMemory
+from specdec_lab.result import GenerationResult
 
 
 def new_cache(model) -> DynamicCache:
@@ -70,3 +75,53 @@ def cut_at_stop(tokens: list[int], stop_ids: Iterable[int]) -> tuple[list[int], 
         if token in stop_ids:
             return tokens[: position + 1], True
     return tokens, False
+
+
+@dataclass
+class DecodingRun:
+    """Everything around a decode loop, done once for every decoder:
+
+        run = DecodingRun(model, prompt_ids, max_new_tokens, stop_ids)
+        with run:                        # starts the clock and the peak-memory sampler
+            ... prefill ...
+            run.first_token_done()       # time to first token
+            ... decode ...
+        return run.result(tokens, target_forwards=..., ...)
+
+    The prompt is checked and turned into a list of ints, `max_new_tokens` checked, and the stop ids
+    default to the model's generation_config.eos_token_id.
+    """
+
+    model: object
+    prompt_ids: list[int]
+    max_new_tokens: int
+    stop_ids: frozenset[int] | None = None
+    wall_time_s: float = field(default=0.0, init=False)
+    time_to_first_token_s: float = field(default=0.0, init=False)
+    peak_memory_bytes: int | None = field(default=None, init=False)
+
+    def __post_init__(self):
+        self.prompt_ids = as_token_list(self.prompt_ids)
+        check_max_new_tokens(self.max_new_tokens)
+        self.stop_ids = stop_token_ids(self.model) if self.stop_ids is None else frozenset(self.stop_ids)
+        self.device = self.model.device
+
+    def __enter__(self) -> "DecodingRun":
+        self._memory = PeakMemory(self.device).__enter__()
+        self._start = clock(self.device)
+        return self
+
+    def first_token_done(self) -> None:
+        self.time_to_first_token_s = clock(self.device) - self._start
+
+    def __exit__(self, *exc) -> None:
+        self.wall_time_s = clock(self.device) - self._start
+        self._memory.__exit__(*exc)
+        self.peak_memory_bytes = self._memory.peak_bytes
+
+    def result(self, tokens: list[int], **measured) -> GenerationResult:
+        """The result record: this run's prompt length, times and memory, plus what the decoder
+        counted (target_forwards, accepted_per_step, ...)."""
+        return GenerationResult(
+            prompt_length=len(self.prompt_ids), tokens=tokens, wall_time_s=self.wall_time_s,
+            time_to_first_token_s=self.time_to_first_token_s, peak_memory_bytes=self.peak_memory_bytes, **measured)

@@ -21,33 +21,15 @@ from __future__ import annotations
 
 import random
 from collections.abc import Iterable
-from dataclasses import dataclass
 
 import torch
 
 from specdec_lab.decoders.autoregressive import prefill
-from specdec_lab.decoders.common import (
-    as_token_list, check_max_new_tokens, clock, cut_at_stop, forward, new_cache, stop_token_ids, truncate_cache,
-)
-from specdec_lab.memory import PeakMemory
-from specdec_lab.result import GenerationResult
+from specdec_lab.decoders.common import DecodingRun, cut_at_stop, forward, new_cache, truncate_cache
+from specdec_lab.quality import common_prefix_length
+from specdec_lab.result import BlockTrace, GenerationResult, JacobiBlock, JacobiStats
 
 INITS = ("prompt_tokens", "repeat_last")
-
-
-@dataclass
-class BlockTrace:
-    """The Jacobi trajectory of one block: the state fed to each iteration and where it converged."""
-
-    start: int  # offset of the block's first token in the generated sequence
-    states: list[list[int]]  # the whole block (fixed part + open guesses) as fed to each iteration
-    fixed_per_iteration: list[int]  # tokens fixed by each iteration (>= 1)
-    fixed_point: list[int]  # the converged block (shorter than the states if generation stopped inside)
-    converged: bool
-
-    def to_dict(self) -> dict:
-        return {"start": self.start, "states": self.states, "fixed_per_iteration": self.fixed_per_iteration,
-                "fixed_point": self.fixed_point, "converged": self.converged}
 
 
 def initial_guess(known_token: int, length: int, prompt_ids: list[int], init: str, rng: random.Random) -> list[int]:
@@ -68,13 +50,6 @@ def count_fixed(open_block: list[int], predictions: list[int]) -> int:
     return fixed
 
 
-def correct_prefix_length(state: list[int], fixed_point: list[int]) -> int:
-    length = 0
-    while length < len(fixed_point) and state[length] == fixed_point[length]:
-        length += 1
-    return length
-
-
 def stationary_tokens(states: list[list[int]], fixed_point: list[int]) -> int:
     """Positions that were already correct, and stayed unchanged, while an earlier token was still
     wrong (the paper's "stationary tokens"): their correct-from iteration precedes their fixed-at one."""
@@ -85,19 +60,19 @@ def stationary_tokens(states: list[list[int]], fixed_point: list[int]) -> int:
             if states[iteration][position] != fixed_point[position]:
                 break
             correct_from = iteration
-        fixed_at = next((j for j, s in enumerate(states) if correct_prefix_length(s, fixed_point) > position),
+        fixed_at = next((j for j, s in enumerate(states) if common_prefix_length(s, fixed_point) > position),
                         len(states))
         count += correct_from < fixed_at
     return count
 
 
-def block_statistics(trace: BlockTrace) -> dict:
+def block_statistics(trace: BlockTrace) -> JacobiBlock:
     """Iterations, fast-forwarded tokens (fixed beyond one per iteration) and stationary tokens."""
-    return {
-        "iterations": len(trace.states),
-        "fast_forward": sum(fixed - 1 for fixed in trace.fixed_per_iteration),
-        "stationary": stationary_tokens(trace.states, trace.fixed_point),
-    }
+    return JacobiBlock(
+        iterations=len(trace.states),
+        fast_forward=sum(fixed - 1 for fixed in trace.fixed_per_iteration),
+        stationary=stationary_tokens(trace.states, trace.fixed_point),
+    )
 
 
 def jacobi_iteration(model, cache, state: list[int], fixed_in_block: int, cached_length: int) -> tuple[list[int], int, int]:
@@ -139,22 +114,19 @@ def generate(
     `seed` only drives the initial guesses (the output does not depend on it). `max_iterations`
     caps the iterations per block: the block then ends with what is fixed and the next one starts
     fresh (the output stays exact). `record_states=True` returns every block's trajectory in
-    `extras["blocks"]` (used to collect CLLM training data).
+    `result.jacobi.traces` (used to collect CLLM training data).
     """
-    prompt_ids = as_token_list(prompt_ids)
-    check_max_new_tokens(max_new_tokens)
+    run = DecodingRun(model, prompt_ids, max_new_tokens, stop_ids)
     _check_arguments(block_size, init, max_iterations)
-    stop_ids = stop_token_ids(model) if stop_ids is None else frozenset(stop_ids)
-    device = model.device
+    prompt_ids, stop_ids = run.prompt_ids, run.stop_ids
     rng = random.Random(seed)
     cache = new_cache(model)
     tokens: list[int] = []  # fixed generated tokens; the cache holds prompt + tokens
     accepted_per_step, proposed_per_step, traces = [], [], []
 
-    with PeakMemory(device) as memory:
-        start = clock(device)
+    with run:
         known = int(prefill(model, prompt_ids, cache).argmax(-1))  # the next token, certain
-        first_token_time = clock(device) - start
+        run.first_token_done()
         stopped = known in stop_ids or max_new_tokens == 1
         while not stopped:
             length = min(block_size, max_new_tokens - len(tokens))
@@ -178,34 +150,19 @@ def generate(
             trace.fixed_point = state[: min(fixed_in_block + 1, length)] if stopped else state[:fixed_in_block]
             trace.fixed_point, _ = cut_at_stop(trace.fixed_point, stop_ids)
             tokens += state[:fixed_in_block]
-            traces.append(trace)
+            traces.append(_cut_trace(trace))
         generated, _ = cut_at_stop(tokens + [known], stop_ids)
         generated = generated[:max_new_tokens]
-        wall_time = clock(device) - start
 
-    statistics = [block_statistics(_cut_trace(trace)) for trace in traces]
-    extras = {
-        "block_size": block_size,
-        "init": init,
-        "iterations_per_block": [s["iterations"] for s in statistics],
-        "fast_forward_tokens": [s["fast_forward"] for s in statistics],
-        "stationary_tokens": [s["stationary"] for s in statistics],
-    }
-    if record_states:
-        extras["blocks"] = [_cut_trace(trace).to_dict() for trace in traces]
-    return GenerationResult(
-        prompt_length=len(prompt_ids),
-        tokens=generated,
+    statistics = JacobiStats(block_size, init, [block_statistics(trace) for trace in traces],
+                             traces if record_states else None)
+    return run.result(
+        generated,
         accepted_per_step=accepted_per_step,
         proposed_per_step=proposed_per_step,
         target_forwards=1 + len(accepted_per_step),
-        wall_time_s=wall_time,
-        time_to_first_token_s=first_token_time,
-        peak_memory_bytes=memory.peak_bytes,
-        extras=extras,
+        jacobi=statistics,
     )
-
-
 def _cut_trace(trace: BlockTrace) -> BlockTrace:
     """States cut to the length of the (possibly truncated) fixed point, so they compare position by position."""
     n = len(trace.fixed_point)

@@ -15,10 +15,7 @@ import torch
 
 from specdec_lab.decoders.autoregressive import prefill
 from specdec_lab.decoders.candidates import CandidateGenerator, Candidates
-from specdec_lab.decoders.common import (
-    as_token_list, check_max_new_tokens, clock, cut_at_stop, forward, new_cache, stop_token_ids, truncate_cache,
-)
-from specdec_lab.memory import PeakMemory
+from specdec_lab.decoders.common import DecodingRun, cut_at_stop, forward, new_cache, truncate_cache
 from specdec_lab.result import GenerationResult
 from specdec_lab.sampling import GREEDY, Sampling, next_token, probabilities, sample
 
@@ -88,41 +85,32 @@ def generate(
     stop_ids: Iterable[int] | None = None,
 ) -> GenerationResult:
     """Speculative decoding of one prompt with any candidate generator (draft model, prompt lookup)."""
-    prompt_ids = as_token_list(prompt_ids)
-    check_max_new_tokens(max_new_tokens)
-    stop_ids = stop_token_ids(target) if stop_ids is None else frozenset(stop_ids)
-    device = target.device
-    rng = None if sampling.greedy else sampling.generator(device)
+    run = DecodingRun(target, prompt_ids, max_new_tokens, stop_ids)
+    rng = None if sampling.greedy else sampling.generator(run.device)
     target_cache = new_cache(target)
     candidate_generator.reset(vocab_size=target.config.vocab_size)  # no state from an earlier prompt
     accepted_per_step, proposed_per_step = [], []
 
-    with PeakMemory(device) as memory:
-        start = clock(device)
-        first = next_token(prefill(target, prompt_ids, target_cache), sampling, rng)
-        first_token_time = clock(device) - start
-        tokens, generated, stopped = prompt_ids + [first], [first], first in stop_ids
+    with run:
+        first = next_token(prefill(target, run.prompt_ids, target_cache), sampling, rng)
+        run.first_token_done()
+        tokens, generated, stopped = run.prompt_ids + [first], [first], first in run.stop_ids
         while not stopped and len(generated) < max_new_tokens:
             # at most (left - 1) candidates, so candidates + the target's own token still fit
             left = max_new_tokens - len(generated)
             candidates = candidate_generator.propose(tokens, left - 1, sampling, rng)
             accepted, token = speculative_step(target, target_cache, tokens, candidates, sampling, rng)
-            new_tokens, stopped = cut_at_stop(candidates.token_ids[:accepted] + [token], stop_ids)
+            new_tokens, stopped = cut_at_stop(candidates.token_ids[:accepted] + [token], run.stop_ids)
             tokens += new_tokens
             generated += new_tokens
             candidate_generator.update(tokens, accepted, len(candidates.token_ids))
             accepted_per_step.append(accepted)
             proposed_per_step.append(len(candidates.token_ids))
-        wall_time = clock(device) - start
 
-    return GenerationResult(
-        prompt_length=len(prompt_ids),
-        tokens=generated,
+    return run.result(
+        generated,
         accepted_per_step=accepted_per_step,
         proposed_per_step=proposed_per_step,
         target_forwards=1 + len(accepted_per_step),
         draft_forwards=candidate_generator.forwards,
-        wall_time_s=wall_time,
-        time_to_first_token_s=first_token_time,
-        peak_memory_bytes=memory.peak_bytes,
     )

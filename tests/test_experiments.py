@@ -1,0 +1,125 @@
+"""The analysis of the experiment modules, on synthetic rows (no model runs): what the notebooks'
+cells used to compute inline, now functions that can be wrong and are tested."""
+
+from __future__ import annotations
+
+import pandas as pd
+import pytest
+
+from specdec_lab.cllm import train
+from specdec_lab.experiments import cllm, common, lineups, speculative, summary
+from specdec_lab.method import Method
+from specdec_lab.runs import outputs
+
+
+def row(decoder, prompt_id="p", repeat=0, tokens=(1, 2, 3), wall_time_s=1.0, target_forwards=3, **extra):
+    return dict(decoder=decoder, prompt_id=prompt_id, repeat=repeat, tokens=list(tokens), wall_time_s=wall_time_s,
+                target_forwards=target_forwards, **extra)
+
+
+# --- 02: focus category and the fp32 control ------------------------------------------------------
+
+def test_focus_category_is_code_when_present_else_the_first():
+    assert speculative.focus_category(pd.DataFrame({"category": ["writing", "code"]})) == "code"
+    assert speculative.focus_category(pd.DataFrame({"category": ["writing", "math"]})) == "writing"
+
+
+def test_fp32_control_flags_a_declared_lossless_method_that_disagrees():
+    control = pd.DataFrame([
+        row(lineups.TARGET_AR, lossless=True, full_match=True),
+        row("speculative k=3 (ours)", lossless=True, full_match=True),
+        row("prompt lookup k=5 (ours)", lossless=True, full_match=False),  # a bug: declared lossless, differs
+        row("draft-then-score (blog; not lossless)", lossless=False, full_match=False),  # allowed to differ
+    ])
+    assert list(speculative.control_mismatches(control).decoder) == ["prompt lookup k=5 (ours)"]
+    assert "1 fp32 samples differ" in speculative.control_findings(control)
+    assert "agree exactly" in speculative.control_findings(control[control.decoder != "prompt lookup k=5 (ours)"])
+
+
+# --- 04: loop counting, the Jacobi cost ratio, the findings, the training config --------------------
+
+def test_looping_answers_counts_each_prompt_once():
+    loop = [5, 6, 7, 8, 9, 10, 11, 12] * 3
+    rows = pd.DataFrame([row(lineups.CLLM_JACOBI, "a", 0, loop), row(lineups.CLLM_JACOBI, "a", 1, loop),
+                         row(lineups.CLLM_JACOBI, "b", 0, list(range(30))), row(lineups.BASE_JACOBI, "c", 0, loop)])
+    assert cllm.looping_answers(rows, lineups.CLLM_JACOBI) == 1
+
+
+def test_ms_per_forward_pools_time_over_forwards():
+    rows = pd.DataFrame([row("AR", wall_time_s=1.0, target_forwards=10), row("AR", repeat=1, wall_time_s=3.0,
+                                                                             target_forwards=30),
+                         row("Jacobi", wall_time_s=1.0, target_forwards=5)])
+    per_forward = cllm.ms_per_forward(rows)
+    assert per_forward["AR"] == pytest.approx(100.0) and per_forward["Jacobi"] == pytest.approx(200.0)
+
+
+def test_train_config_takes_the_notebook_parameters_by_name():
+    params = {"train_steps": 7, "learning_rate": 1e-4, "grad_accumulation": 2, "states_per_step": 3,
+              "ar_weight": 5.0, "consistency_weight": 2.0, "consistency": "local", "consistency_target": "hard",
+              "mixed_precision": "bf16", "checkpoint_every": 4, "seed": 9, "model": "ignored", "repeats": 2}
+    config = cllm.train_config(params)
+    assert config == train.TrainConfig(steps=7, learning_rate=1e-4, grad_accumulation=2, states_per_step=3,
+                                       ar_weight=5.0, consistency_weight=2.0, consistency="local",
+                                       consistency_target="hard", mixed_precision="bf16", checkpoint_every=4, seed=9)
+
+
+def synthetic_cllm_tables() -> cllm.Tables:
+    names = [lineups.BASE_AR, lineups.BASE_JACOBI, lineups.CLLM_JACOBI]
+    table = pd.DataFrame({"tokens_per_target_forward": [1.0, 1.05, 1.4], "speedup": [1.0, 0.5, 0.7],
+                          "agreement": [1.0, 1.0, 0.25], "ms_per_forward": [40.0, 80.0, 80.0]}, index=names)
+    both = pd.DataFrame({"prompts": ["training databases"] * 2 + ["held-out databases"] * 2,
+                         "prompt_id": ["t1", "t2", "h1", "h2"]})
+    return cllm.Tables(
+        train_set=[], held_out_set=["h1", "h2"], collected={"training_prompts": 9, "degenerate_removed": 1},
+        losses=pd.DataFrame({"step": [1, 2, 3]}), cllm_folder=None, rows=pd.DataFrame([row(lineups.CLLM_JACOBI, "h1"),
+                                                                                       row(lineups.CLLM_JACOBI, "h2")]),
+        table=table, blocks=pd.DataFrame(),
+        block_stats=pd.DataFrame({"iterations_per_block": [7.5, 5.0]}, index=names[1:]),
+        seen_and_held_out=both,
+        tokens_per_forward_by_prompts=pd.DataFrame({"training databases": [1.1, 1.6]}, index=names[1:]),
+        nll=pd.DataFrame({"model": ["base", "CLLM"], "nll_per_token": [0.7, 1.4]}), looping=1)
+
+
+def test_cllm_findings_say_what_the_tables_hold():
+    text = cllm.findings(synthetic_cllm_tables(), {"block_size": 16, "dtype": "float32", "device": "cpu"})
+    for expected in ("On 2 held-out prompts", "**1.05**", "after 3 training steps on 9 prompts", "(1 looping",
+                     "**1.40**", "7.5 vs 5.0 iterations", "On 2 of its training prompts it makes 1.60 (base 1.10)",
+                     "costs 2.00x an AR step", "0.50x for the base model and 0.70x for the CLLM", "25%",
+                     "from 0.700 to 1.400", "1 of the CLLM's 2 held-out answers loop"):
+        assert expected in text, expected
+    headline = cllm.headline(synthetic_cllm_tables())
+    assert headline["Jacobi tokens/forward, CLLM on training prompts"] == 1.6
+
+
+# --- the summary: declared properties, ranked within an experiment ---------------------------------
+
+def test_summary_lines_carry_each_methods_declared_properties():
+    methods = [Method("AR", print, lossless=True, role="target AR"),
+               Method("blog", print, lossless=False, role="lossy")]
+    table = pd.DataFrame({"speedup": [1.0, 3.0]}, index=pd.Index(["AR", "blog"], name="decoder"))
+    lines = common.summary_lines(table, methods)
+    assert lines.to_dict("list") == {"method": ["AR", "blog"], "speedup": [1.0, 3.0], "lossless": [True, False],
+                                     "role": ["target AR", "lossy"]}
+    with pytest.raises(ValueError, match="not in the line-up"):
+        common.summary_lines(table, methods[:1])
+
+
+def test_fastest_lossless_ranks_within_each_experiment_by_the_declared_property(tmp_path):
+    lines = pd.DataFrame({
+        "method": ["AR", "spec", "blog (fast, not lossless)", "AR", "jacobi", "cllm (fast, fine-tuned)"],
+        "lossless": [True, True, False, True, True, False],
+        "role": ["target AR", "speculative", "lossy", "target AR", "parallel", "parallel"],
+        "speedup": [1.0, 1.5, 2.5, 1.0, 0.6, 0.9], "agreement": [1.0, 1.0, 0.5, 1.0, 1.0, 0.04]})
+    outputs.write_summary(tmp_path, "02_speculative", lines.iloc[:3])
+    outputs.write_summary(tmp_path, "04_cllm", lines.iloc[3:])
+    tables = summary.run({"results_dir": str(tmp_path)})
+    best = tables.fastest_lossless.set_index("experiment").method
+    assert best.to_dict() == {"02_speculative": "spec", "04_cllm": "jacobi"}
+    assert outputs.read_headline(tmp_path, "05_summary") == {
+        "fastest lossless method in 02_speculative": "spec: 1.50x", "fastest lossless method in 04_cllm": "jacobi: 0.60x"}
+    assert "| 02_speculative | blog (fast, not lossless) | no |" in summary.markdown_table(str(tmp_path))
+
+
+def test_write_summary_needs_the_declared_properties(tmp_path):
+    with pytest.raises(ValueError, match="lossless"):
+        outputs.write_summary(tmp_path, "01_baseline", pd.DataFrame({"method": ["AR"], "speedup": [1.0]}))

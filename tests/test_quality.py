@@ -1,0 +1,55 @@
+"""Quality measures: greedy agreement (one prefix rule), continuation NLL and perplexity."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from specdec_lab import quality
+from specdec_lab.decoders import autoregressive
+
+pytest.importorskip("bitsandbytes")
+
+PROMPT = [1, 5, 9, 14, 3, 22, 7]
+VOCAB = 64
+
+
+# --- quality ------------------------------------------------------------------------------------------------
+
+def test_greedy_agreement():
+    same = quality.greedy_agreement([1, 2, 3, 4], [1, 2, 3, 4])
+    assert same.full_match and same.fraction == 1.0
+    diverged = quality.greedy_agreement([1, 2, 3, 4], [1, 2, 9, 4])
+    assert diverged.matched_prefix == 2 and diverged.fraction == 0.5 and not diverged.full_match
+    shorter = quality.greedy_agreement([1, 2, 3, 4], [1, 2])
+    assert shorter.fraction == 0.5 and not shorter.full_match
+    assert not quality.greedy_agreement([1, 2], [1, 2, 3]).full_match
+
+
+def test_perplexity_on_own_greedy_text_is_lower_than_on_random_tokens(load):
+    model = load("target", "none").model
+    own = PROMPT + autoregressive.generate(model, PROMPT, 40, stop_ids=[]).tokens
+    random_tokens = torch.randint(0, VOCAB, (len(own),), generator=torch.Generator().manual_seed(0)).tolist()
+    own_ppl, random_ppl = quality.perplexity(model, [own]), quality.perplexity(model, [random_tokens])
+    assert math.isfinite(own_ppl) and 1.0 <= own_ppl < random_ppl
+
+
+def test_perplexity_pools_tokens_and_equals_exp_mean_nll(load):
+    model = load("target", "none").model
+    a, b = PROMPT, [3, 4, 5]
+    nll = torch.cat([quality.token_nll(model, a), quality.token_nll(model, b)])
+    assert quality.perplexity(model, [a, b]) == pytest.approx(math.exp(nll.mean().item()))
+    with pytest.raises(ValueError, match="at least 2 tokens"):
+        quality.token_nll(model, [1])
+
+
+def test_text_perplexity_of_quantized_model_differs_but_stays_finite(load):
+    tokenizer = load("target", "none").tokenizer
+    texts = ["t1 t2 t3 t4 t5 t6 t7 t8", "t9 t8 t7 t6 t5"]
+    plain = quality.text_perplexity(load("target", "none").model, tokenizer, texts)
+    four_bit = quality.text_perplexity(load("target", "nf4").model, tokenizer, texts)
+    assert math.isfinite(four_bit) and four_bit != plain
+
+

@@ -1,0 +1,95 @@
+"""Notebook 03's experiment module: KV cache bytes, the footprint sweep, the speculative grid."""
+
+from __future__ import annotations
+
+import pytest
+
+from specdec_lab import memory, models
+from specdec_lab.data import Prompt
+from specdec_lab.decoders import autoregressive
+from specdec_lab.decoders.common import new_cache
+from specdec_lab.experiments import quantized
+
+pytest.importorskip("bitsandbytes")
+
+PROMPT = [1, 5, 9, 14, 3, 22, 7]
+VOCAB, HIDDEN, LAYERS, KV_HEADS, HEADS = 64, 64, 2, 2, 4  # tiny_llama: 2 layers, 4 heads, 2 KV heads
+
+
+# --- memory -------------------------------------------------------------------------------------------------
+
+def test_kv_cache_bytes_match_the_cache_shape(load):
+    head_dim = HIDDEN // HEADS
+    expected_fp32 = 2 * LAYERS * KV_HEADS * head_dim * 30 * 4
+    assert quantized.kv_cache_bytes_at(load("target", "none").model, PROMPT, 30) == expected_fp32
+    assert quantized.kv_cache_bytes_at(load("target", "torch-int8").model, PROMPT, 30) == expected_fp32
+    assert quantized.kv_cache_bytes_at(load("target", "nf4", "bfloat16").model, PROMPT, 30) == expected_fp32 // 2
+
+
+def test_kv_cache_bytes_at_equals_the_cache_after_a_generation(load):
+    model = load("target", "none").model
+    cache = new_cache(model)
+    token = int(autoregressive.prefill(model, PROMPT, cache).argmax())
+    for _ in range(9):
+        token = int(autoregressive.decode_one_token(model, token, cache).argmax())
+    assert memory.kv_cache_bytes(cache) == quantized.kv_cache_bytes_at(model, PROMPT, len(PROMPT) + 9)
+
+
+# --- the notebook's runners ----------------------------------------------------------------------------------
+
+PROMPTS = [Prompt("p1", "code", "t1 t5 t9 t14 t3"), Prompt("p2", "code", "t22 t7 t8 t2")]
+
+
+def test_footprint_sweep_measures_and_resumes(folders, tmp_path):
+    kwargs = dict(dtype="float32", device="cpu", double_quant=False, max_new_tokens=12, repeats=1, warmup=0,
+                  out_dir=tmp_path, config={"test": 1})
+    footprints, rows = quantized.footprint_sweep({"target": folders["target"]}, ["none", "nf4"], PROMPTS, **kwargs)
+    table = quantized.footprint_table(footprints, rows)
+    by_name = table.set_index("quantization")
+    assert by_name.loc["none", "agreement"] == 1.0 and by_name.loc["none", "speed_vs_unquantized"] == 1.0
+    assert by_name.loc["nf4", "weight_bytes"] < by_name.loc["none", "weight_bytes"]
+    assert (table.kv_cache_bytes > 0).all() and (table.perplexity > 1).all()
+    assert len(quantized.tradeoff_sentences(table)) == 1
+    def line_counts():
+        return [(tmp_path / name).read_text().count("\n") for name in ("ar.jsonl", "footprints.jsonl")]
+    before = line_counts()
+    quantized.footprint_sweep({"target": folders["target"]}, ["none", "nf4"], PROMPTS, **kwargs)
+    assert line_counts() == before == [2 * 1 * len(PROMPTS), 2]
+
+
+def test_footprint_sweep_hands_kept_variants_to_the_grid(folders, tmp_path, monkeypatch):
+    pairs = ["none/nf4", "nf4/none"]
+    keep = quantized.variants_to_keep(pairs, folders["target"], folders["draft"], "cpu")
+    assert keep == {(folders["target"], "none"), (folders["target"], "nf4"), (folders["draft"], "nf4"),
+                    (folders["draft"], "none")}
+    assert quantized.variants_to_keep(pairs, folders["target"], folders["draft"], "cuda") == set()
+    variants = {}
+    quantized.footprint_sweep({"target": folders["target"]}, ["none", "nf4", "int8"], PROMPTS[:1],
+                                 dtype="float32", device="cpu", double_quant=False, max_new_tokens=4, repeats=1,
+                                 warmup=0, out_dir=tmp_path, config={}, variants=variants, keep=keep)
+    assert set(variants) == {(folders["target"], "none"), (folders["target"], "nf4")}  # int8 was freed
+    loads = []
+    monkeypatch.setattr(quantized, "load_variant", lambda spec, name, *a, **kw: loads.append((spec, name)) or
+                        models.load(spec, dtype="float32", quantization=name))
+    quantized.speculative_grid(pairs, PROMPTS[:1], target=folders["target"], draft=folders["draft"],
+                                  dtype="float32", device="cpu", double_quant=False, k=2, max_new_tokens=4,
+                                  repeats=1, warmup=0, out=tmp_path / "spec.jsonl", config={}, variants=variants)
+    assert sorted(loads) == sorted([(folders["draft"], "nf4"), (folders["draft"], "none")])  # each loaded once
+    assert (folders["target"], "none") not in variants  # a target is freed after its group
+
+
+def test_speculative_grid_is_lossless_for_quantized_drafts(folders, tmp_path):
+    rows = quantized.speculative_grid(
+        ["none/nf4", "none/self-int8", "nf4/none"], PROMPTS, target=folders["target"], draft=folders["draft"],
+        dtype="float32", device="cpu", double_quant=False, k=3, max_new_tokens=12, repeats=1, warmup=0,
+        out=tmp_path / "spec.jsonl", config={"test": 1})
+    unquantized_ar = rows[rows.decoder == "target fp32 AR"]
+    table = quantized.speculative_table(rows, unquantized_reference=unquantized_ar).set_index("pair")
+    assert list(table.index) == ["target fp32 · draft nf4", "target fp32 · self LLM.int8", "target nf4 · draft fp32"]
+    assert (table.agreement_with_target == 1.0).all() and (table.full_match_rate == 1.0).all()
+    acceptance = table.acceptance_rate
+    assert acceptance["target fp32 · self LLM.int8"] > acceptance["target fp32 · draft nf4"]
+    assert table.loc["target fp32 · draft nf4", "agreement_with_unquantized"] == 1.0
+    assert (table.speedup > 0).all()
+
+
