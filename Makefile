@@ -18,7 +18,7 @@ $(INSTALLED): requirements.txt pyproject.toml
 env: $(INSTALLED)
 
 test: env
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q -rs  # -rs: the run ends by naming what it skipped and why
 
 reproduce: env
 	$(PY) -m specdec_lab.report --profile $(PROFILE)

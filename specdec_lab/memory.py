@@ -22,41 +22,49 @@ def rss_bytes() -> int:
 
 
 class PeakMemory:
-    """Context manager: `.peak_bytes` after exit.
+    """Context manager: `.peak_bytes` after exit is the peak memory while the block ran *above
+    what the process held when it started* (CPU: resident set size; CUDA: allocated bytes).
 
-    ru_maxrss is the peak of the whole process lifetime, useless per call, so on CPU a daemon
-    thread samples RSS every `interval_s` while the block runs.
+    Freed memory is returned first (gc, malloc_trim), so what earlier work left in the allocator
+    neither hides nor inflates this block's peak. ru_maxrss is the peak of the whole process
+    lifetime, useless per call, so on CPU a daemon thread samples RSS every `interval_s`.
+    Do not nest two of these on CUDA: the inner one resets the device's peak counter.
     """
 
     def __init__(self, device: torch.device | str = "cpu", interval_s: float = 0.01):
         self.device = torch.device(device)
         self.interval_s = interval_s
+        self.start_bytes = 0
         self.peak_bytes = 0
+        self._highest = 0
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
     def __enter__(self) -> "PeakMemory":
+        free_memory()
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
             torch.cuda.reset_peak_memory_stats(self.device)
+            self.start_bytes = int(torch.cuda.memory_allocated(self.device))
         else:
-            self.peak_bytes = rss_bytes()
+            self.start_bytes = self._highest = rss_bytes()
             self._thread = threading.Thread(target=self._sample, daemon=True)
             self._thread.start()
         return self
 
     def _sample(self) -> None:
         while not self._stop.wait(self.interval_s):
-            self.peak_bytes = max(self.peak_bytes, rss_bytes())
+            self._highest = max(self._highest, rss_bytes())
 
     def __exit__(self, *exc) -> None:
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
-            self.peak_bytes = int(torch.cuda.max_memory_allocated(self.device))
+            self._highest = int(torch.cuda.max_memory_allocated(self.device))
         else:
             self._stop.set()
             self._thread.join()
-            self.peak_bytes = max(self.peak_bytes, rss_bytes())
+            self._highest = max(self._highest, rss_bytes())
+        self.peak_bytes = max(self._highest - self.start_bytes, 0)
 
 
 def kv_cache_bytes(cache) -> int:

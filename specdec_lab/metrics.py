@@ -1,7 +1,10 @@
 """Numbers derived from benchmark rows (one row = one GenerationResult of one decoder, prompt, repeat).
 
-Speedups are ratios of wall times measured side by side in one run: per prompt and repeat,
-baseline time / method time. Summaries use the geometric mean over prompts (ratios multiply).
+A speedup compares time per generated token, measured side by side in one run: per prompt and
+repeat, the baseline's ms/token over the method's (two runs that stop at different lengths are still
+compared fairly; the end-to-end latency ratio is reported apart, with a count of the pairs whose
+lengths differ). Every aggregate over prompts is a geometric mean (ratios multiply) of the
+per-prompt medians over repeats, and carries a 95% bootstrap interval over prompts.
 """
 
 from __future__ import annotations
@@ -39,15 +42,28 @@ def add_agreement(rows: pd.DataFrame, reference_decoder: str | None = None,
     return out
 
 
+def _with_lengths(rows: pd.DataFrame) -> pd.DataFrame:
+    rows = rows.copy()
+    if "num_tokens" not in rows:
+        rows["num_tokens"] = rows.tokens.map(len)
+    if "ms_per_token" not in rows:
+        rows["ms_per_token"] = 1000 * rows.wall_time_s / rows.num_tokens.clip(lower=1)
+    return rows
+
+
 def speedups(rows: pd.DataFrame, baseline: str) -> pd.DataFrame:
-    """One speedup per (decoder, prompt, repeat): the baseline's wall time in the same repeat over
-    the decoder's. Side-by-side pairs cancel slow drifts of the machine."""
-    base = rows[rows.decoder == baseline].set_index(["prompt_id", "repeat"]).wall_time_s.rename("baseline_s")
+    """One line per (decoder, prompt, repeat): `speedup` = the baseline's ms per generated token in
+    the same prompt and repeat over the decoder's; `latency_ratio` = baseline wall time over the
+    decoder's (end to end, whatever each generated); `same_length` = both generated as many tokens."""
+    rows = _with_lengths(rows)
+    base = rows[rows.decoder == baseline].set_index(["prompt_id", "repeat"])[["ms_per_token", "wall_time_s", "num_tokens"]]
     if base.empty:
         raise ValueError(f"baseline decoder {baseline!r} has no rows; decoders present: {sorted(rows.decoder.unique())}")
-    joined = rows.join(base, on=["prompt_id", "repeat"])
-    joined["speedup"] = joined.baseline_s / joined.wall_time_s
-    return joined[["decoder", "prompt_id", "category", "repeat", "speedup"]]
+    joined = rows.join(base.add_prefix("baseline_"), on=["prompt_id", "repeat"])
+    joined["speedup"] = joined.baseline_ms_per_token / joined.ms_per_token
+    joined["latency_ratio"] = joined.baseline_wall_time_s / joined.wall_time_s
+    joined["same_length"] = joined.num_tokens == joined.baseline_num_tokens
+    return joined[["decoder", "prompt_id", "category", "repeat", "speedup", "latency_ratio", "same_length"]]
 
 
 def geometric_mean(values) -> float:
@@ -55,15 +71,51 @@ def geometric_mean(values) -> float:
     return float(np.exp(np.mean(np.log(values)))) if values else float("nan")
 
 
-def summary(rows: pd.DataFrame, baseline: str, reference: str | None = None) -> pd.DataFrame:
-    """One line per decoder: speed, speedup over `baseline`, tokens per target forward, acceptance,
-    agreement with `reference` (default: the baseline), memory."""
-    rows = add_agreement(rows, reference or baseline)
+def bootstrap_interval(per_prompt, level: float = 0.95, resamples: int = 2000, seed: int = 0) -> tuple[float, float]:
+    """Percentile bootstrap interval of the geometric mean over prompts (prompts resampled with
+    replacement; a fixed seed keeps reports reproducible). NaN with fewer than 2 prompts: one
+    prompt says nothing about the spread."""
+    logs = np.log([v for v in per_prompt if v and v > 0 and not math.isnan(v)])
+    if len(logs) < 2:
+        return float("nan"), float("nan")
+    draws = np.random.default_rng(seed).choice(logs, size=(resamples, len(logs)), replace=True).mean(axis=1)
+    tail = 100 * (1 - level) / 2
+    return float(np.exp(np.percentile(draws, tail))), float(np.exp(np.percentile(draws, 100 - tail)))
+
+
+def per_prompt(values: pd.DataFrame, column: str) -> pd.DataFrame:
+    """The median of `column` over repeats, per (decoder, prompt)."""
+    return values.groupby(["decoder", "prompt_id"], sort=False)[column].median().reset_index()
+
+
+def aggregate(values: pd.DataFrame, column: str) -> pd.DataFrame:
+    """Per decoder: geometric mean over prompts of the per-prompt median of `column`, its 95%
+    bootstrap interval (`<column>_low`, `<column>_high`) and the number of prompts."""
+    records = []
+    for decoder, group in per_prompt(values, column).groupby("decoder", sort=False):
+        low, high = bootstrap_interval(group[column])
+        records.append({"decoder": decoder, column: geometric_mean(group[column]), f"{column}_low": low,
+                        f"{column}_high": high, "prompts": group.prompt_id.nunique()})
+    return pd.DataFrame(records).set_index("decoder")
+
+
+def speedup_table(rows: pd.DataFrame, baseline: str) -> pd.DataFrame:
+    """Per decoder: speedup (per-token time ratio; geometric mean over prompts) with its 95%
+    interval and prompt count, the end-to-end latency ratio, and how many pairs differ in length."""
     speed = speedups(rows, baseline)
-    per_prompt = speed.groupby(["decoder", "prompt_id"]).speedup.median().reset_index()
+    table = aggregate(speed, "speedup")
+    table["latency_ratio"] = aggregate(speed, "latency_ratio").latency_ratio
+    table["pairs"] = speed.groupby("decoder").size()
+    table["pairs_of_other_length"] = speed.groupby("decoder").same_length.apply(lambda same: int((~same).sum()))
+    return table
+
+
+def summary(rows: pd.DataFrame, baseline: str, reference: str | None = None) -> pd.DataFrame:
+    """One line per decoder: speedup over `baseline` with its interval and prompt count, tokens/s
+    (aggregated like the speedup: geometric mean over prompts), tokens per target forward,
+    acceptance, agreement with `reference` (default: the baseline), memory."""
+    rows = add_agreement(_with_lengths(rows), reference or baseline)
     table = rows.groupby("decoder", sort=False).agg(
-        tokens_per_second=("tokens_per_second", "median"),
-        ms_per_token=("ms_per_token", "median"),
         time_to_first_token_s=("time_to_first_token_s", "median"),
         tokens_per_target_forward=("tokens_per_target_forward", "mean"),
         acceptance_rate=("acceptance_rate", "mean"),
@@ -72,25 +124,38 @@ def summary(rows: pd.DataFrame, baseline: str, reference: str | None = None) -> 
         peak_memory_mb=("peak_memory_bytes", lambda b: b.max() / 2**20),
         samples=("tokens", "size"),
     )
-    table["speedup"] = per_prompt.groupby("decoder").speedup.apply(geometric_mean)
-    table["speedup_min"] = speed.groupby("decoder").speedup.min()
-    table["speedup_max"] = speed.groupby("decoder").speedup.max()
-    first = ["speedup", "speedup_min", "speedup_max", "tokens_per_second"]
+    speed = speedup_table(rows, baseline)
+    table = table.join(speed).join(aggregate(rows, "tokens_per_second")[["tokens_per_second"]])
+    table["ms_per_token"] = 1000 / table.tokens_per_second
+    first = ["speedup", "speedup_low", "speedup_high", "prompts", "tokens_per_second"]
     return table[first + [c for c in table.columns if c not in first]]
 
 
 def acceptance_by_position(rows: pd.DataFrame) -> pd.DataFrame:
-    """P(draft token i is accepted | it was proposed), i = 1..k, per decoder."""
+    """P(draft token i is accepted | tokens 1..i-1 were accepted and token i was proposed), i = 1..k,
+    per decoder: the per-position rate, counted over the steps that reached position i."""
     records = []
     for decoder, group in rows.groupby("decoder"):
-        accepted = [a for steps in group.accepted_per_step for a in steps]
-        proposed = [p for steps in group.proposed_per_step for p in steps]
-        for position in range(1, max(proposed, default=0) + 1):
-            offered = [a for a, p in zip(accepted, proposed) if p >= position]
-            if offered:
-                rate = sum(a >= position for a in offered) / len(offered)
-                records.append({"decoder": decoder, "position": position, "acceptance": rate, "steps": len(offered)})
-    return pd.DataFrame(records)
+        steps = [(a, p) for accepted, proposed in zip(group.accepted_per_step, group.proposed_per_step)
+                 for a, p in zip(accepted, proposed)]
+        for position in range(1, max((p for _, p in steps), default=0) + 1):
+            reached = [a for a, p in steps if p >= position and a >= position - 1]
+            if reached:
+                records.append({"decoder": decoder, "position": position, "steps": len(reached),
+                                "acceptance": sum(a >= position for a in reached) / len(reached)})
+    return pd.DataFrame(records, columns=["decoder", "position", "steps", "acceptance"])
+
+
+def acceptance_alpha(accepted_per_step, proposed_per_step) -> float:
+    """Per-token acceptance probability alpha (Leviathan's i.i.d. model) from the counts actually
+    proposed: accepted tokens / (accepted tokens + rejections), a rejection being a step that kept
+    fewer than it proposed. Steps near the end propose fewer tokens and count as they were."""
+    accepted = rejected = 0
+    for kept_steps, proposed_steps in zip(accepted_per_step, proposed_per_step):
+        for kept, proposed in zip(kept_steps, proposed_steps):
+            accepted += kept
+            rejected += kept < proposed
+    return accepted / (accepted + rejected) if accepted + rejected else float("nan")
 
 
 def predicted_speedup(alpha: float, k: int, cost_ratio: float) -> float:
@@ -101,62 +166,57 @@ def predicted_speedup(alpha: float, k: int, cost_ratio: float) -> float:
     return (1 - alpha ** (k + 1)) / ((1 - alpha) * (k * cost_ratio + 1))
 
 
-def alpha_from_tokens_per_step(tokens_per_step: float, k: int) -> float:
-    """Invert E[tokens per step] = (1 - a^(k+1)) / (1 - a) for the per-token acceptance a (bisection)."""
-    low, high = 0.0, 1.0
-    for _ in range(60):
-        middle = (low + high) / 2
-        expected = k + 1 if middle == 1 else (1 - middle ** (k + 1)) / (1 - middle)
-        low, high = (middle, high) if expected < tokens_per_step else (low, middle)
-    return (low + high) / 2
-
-
-def mean_tokens_per_step(rows: pd.DataFrame) -> pd.Series:
-    """Per decoder: tokens emitted per verification step (accepted + the target's own token)."""
-    def per_group(group):
-        steps = [a for s in group.accepted_per_step for a in s]
-        return 1 + sum(steps) / len(steps) if steps else float("nan")
-    return rows.groupby("decoder").apply(per_group, include_groups=False)
-
-
 def cost_ratio(draft_ar_rows: pd.DataFrame, target_ar_rows: pd.DataFrame) -> float:
     """c = draft step time / target step time, from plain AR runs of both models (median ms/token)."""
     return float(draft_ar_rows.ms_per_token.median() / target_ar_rows.ms_per_token.median())
 
 
 def recommended_k(sweep: pd.DataFrame) -> pd.DataFrame:
-    """Per prompt category, the draft length k with the highest geometric-mean measured speedup.
-    `sweep` has columns category, k, speedup (one row per prompt/repeat)."""
-    by_k = sweep.groupby(["category", "k"]).speedup.apply(geometric_mean).reset_index()
+    """Per prompt category, the draft length k with the highest measured speedup (geometric mean
+    over prompts), with its interval and prompt count. `sweep` has one row per (k, prompt, repeat)."""
+    records = []
+    for (category, k), group in sweep.groupby(["category", "k"]):
+        speed = group.groupby("prompt_id").speedup.median()
+        low, high = bootstrap_interval(speed)
+        records.append({"category": category, "k": k, "speedup": geometric_mean(speed), "speedup_low": low,
+                        "speedup_high": high, "prompts": len(speed)})
+    by_k = pd.DataFrame(records)
     best = by_k.loc[by_k.groupby("category").speedup.idxmax()]
-    return best.rename(columns={"k": "recommended_k", "speedup": "speedup_at_k"}).reset_index(drop=True)
+    return best.rename(columns={"k": "recommended_k"}).reset_index(drop=True)
 
 
 def k_sweep(rows: pd.DataFrame, k_of: dict[str, int], baseline: str, draft_ar: str) -> pd.DataFrame:
     """Measured speedup per (k, prompt, repeat) beside Leviathan's prediction, which uses the
-    per-token acceptance a implied by the tokens per step at that k and the measured cost ratio c."""
+    per-token acceptance alpha counted per (k, category) from the tokens actually proposed, and the
+    measured cost ratio c."""
     c = cost_ratio(rows[rows.decoder == draft_ar], rows[rows.decoder == baseline])
-    tokens_per_step = mean_tokens_per_step(rows[rows.decoder.isin(list(k_of))])
     sweep = speedups(rows[rows.decoder.isin([*k_of, baseline])], baseline)
     sweep = sweep[sweep.decoder.isin(list(k_of))].copy()
     sweep["k"] = sweep.decoder.map(k_of)
-    alpha = {d: alpha_from_tokens_per_step(tokens_per_step[d], k) for d, k in k_of.items()}
-    sweep["alpha"] = sweep.decoder.map(alpha)
+    alpha = {key: acceptance_alpha(group.accepted_per_step, group.proposed_per_step)
+             for key, group in rows[rows.decoder.isin(list(k_of))].groupby(["decoder", "category"])}
+    sweep["alpha"] = [alpha[(d, c_)] for d, c_ in zip(sweep.decoder, sweep.category)]
     sweep["cost_ratio"] = c
     sweep["predicted_speedup"] = [predicted_speedup(a, k, c) for a, k in zip(sweep.alpha, sweep.k)]
     return sweep
 
 
 def predicted_vs_measured(sweep: pd.DataFrame) -> pd.DataFrame:
-    """One point per k: geometric-mean measured speedup and the predicted one."""
-    table = sweep.groupby("k").agg(speedup=("speedup", geometric_mean), predicted_speedup=("predicted_speedup", "mean"),
-                                   alpha=("alpha", "mean"), cost_ratio=("cost_ratio", "mean")).reset_index()
-    table["label"] = "k=" + table.k.astype(str)
+    """One point per (category, k): measured speedup (geometric mean over prompts) and the predicted one."""
+    records = []
+    for (category, k), group in sweep.groupby(["category", "k"]):
+        speed = group.groupby("prompt_id").speedup.median()
+        low, high = bootstrap_interval(speed)
+        records.append({"category": category, "k": k, "speedup": geometric_mean(speed), "speedup_low": low,
+                        "speedup_high": high, "prompts": len(speed), "predicted_speedup": group.predicted_speedup.mean(),
+                        "alpha": group.alpha.mean(), "cost_ratio": group.cost_ratio.mean()})
+    table = pd.DataFrame(records)
+    table["label"] = table.category + " k=" + table.k.astype(str)
     return table
 
 
-def mean_speedup(rows: pd.DataFrame, decoder: str, baseline: str) -> float:
-    """Geometric mean over prompts of `decoder`'s speedup over `baseline` (side by side)."""
-    per_sample = speedups(rows, baseline)
-    per_prompt = per_sample[per_sample.decoder == decoder].groupby("prompt_id").speedup.median()
-    return geometric_mean(per_prompt)
+def mean_speedup(rows: pd.DataFrame, decoder: str, baseline: str) -> tuple[float, float, float, int]:
+    """`decoder`'s speedup over `baseline` (per-token time, side by side): geometric mean over
+    prompts, its 95% interval and the prompt count."""
+    table = speedup_table(rows[rows.decoder.isin([decoder, baseline])], baseline).loc[decoder]
+    return table.speedup, table.speedup_low, table.speedup_high, int(table.prompts)

@@ -136,6 +136,8 @@ RULES: dict[str, Callable[[str, object], str | None]] = {
     "k": _positive_int,
     "k_values": _positive_int_list,
     "warmup": _non_negative_int,
+    "cost_curve_max_n": _positive_int,  # 01_baseline
+    "cost_curve_repeats": _positive_int,
     "seed": _non_negative_int,
     "temperature": _non_negative_number,
     "top_p": _fraction,

@@ -29,25 +29,60 @@ def speed_and_memory(rows: pd.DataFrame, title: str = "Latency, throughput and m
     return _finish(fig, title)
 
 
-def speedup_bars(speedups: pd.DataFrame, title: str = "Speedup over autoregressive decoding", hue: str | None = None):
-    """Bars of per-(prompt, repeat) speedups with their spread; the dashed line is 1x (no gain)."""
-    fig, ax = plt.subplots(figsize=(8, 0.55 * speedups.decoder.nunique() + 1.5))
-    sns.barplot(data=speedups, y="decoder", x="speedup", hue=hue or "decoder", legend=bool(hue),
-                errorbar=("pi", 100), ax=ax)
-    sns.stripplot(data=speedups, y="decoder", x="speedup", color="black", size=3, alpha=0.5, ax=ax)
+def interval_bars(ax, labels, table: pd.DataFrame, colors=None, hatched=None, invert: bool = True) -> None:
+    """Horizontal bars at `speedup`, error lines spanning [`speedup_low`, `speedup_high`] (95%
+    bootstrap interval over prompts), each labelled with its value and prompt count n."""
+    values = table.speedup.to_numpy()
+    low = (table.speedup - table.speedup_low).fillna(0).clip(lower=0).to_numpy()
+    high = (table.speedup_high - table.speedup).fillna(0).clip(lower=0).to_numpy()
+    bars = ax.barh(list(labels), values, xerr=[low, high], color=colors, capsize=3, ecolor="black")
+    for bar, value, prompts, hatch in zip(bars, values, table.prompts, hatched if hatched is not None else [False] * len(values)):
+        ax.annotate(f"{value:.2f}x  (n={int(prompts)})", (bar.get_width(), bar.get_y() + bar.get_height() / 2),
+                    xytext=(6, 0), textcoords="offset points", va="center", fontsize=8)
+        if hatch:
+            bar.set_hatch("//")
+            bar.set_edgecolor("black")
+    if invert:  # first label on top (once per shared axis: a second call would flip it back)
+        ax.invert_yaxis()
     ax.axvline(1.0, color="gray", linestyle="--")
-    ax.set(xlabel="speedup (baseline time / method time, side by side)", ylabel="")
+
+
+def speedup_bars(table: pd.DataFrame, title: str = "Speedup over autoregressive decoding"):
+    """One bar per method (index) from `metrics.summary` / `metrics.speedup_table`: per-token speedup
+    over AR, geometric mean over prompts, with its 95% interval; the dashed line is 1x (no gain)."""
+    fig, ax = plt.subplots(figsize=(9, 0.55 * len(table) + 1.5))
+    interval_bars(ax, table.index, table, colors=sns.color_palette("tab10", len(table)))
+    ax.set(xlabel="speedup: AR ms/token ÷ method ms/token, side by side (geometric mean over prompts, 95% CI)",
+           ylabel="")
     return _finish(fig, title)
 
 
-def k_sweep(sweep: pd.DataFrame, title: str = "Draft length k: measured and predicted speedup"):
-    """Measured speedup (with spread) and the Leviathan prediction against k."""
+def category_speedups(table: pd.DataFrame, title: str = "Speedup over AR by kind of text"):
+    """One panel per category: each method's per-token speedup with its 95% interval and prompt count."""
+    categories = list(table.category.unique())
+    methods = [m for m in table.method.unique()]
+    fig, axes = plt.subplots(1, len(categories), figsize=(7 * len(categories), 0.5 * len(methods) + 1.8),
+                             sharey=True, squeeze=False)
+    colors = dict(zip(methods, sns.color_palette("tab10", len(methods))))
+    for index, (ax, category) in enumerate(zip(axes[0], categories)):
+        part = table[table.category == category].set_index("method").reindex(methods)
+        interval_bars(ax, methods, part.fillna({"prompts": 0, "speedup": 0}), colors=[colors[m] for m in methods],
+                      invert=index == 0)
+        ax.set(title=category, xlabel="per-token speedup over AR (95% CI)", ylabel="")
+    return _finish(fig, title)
+
+
+def k_sweep(table: pd.DataFrame, title: str = "Draft length k: measured and predicted speedup"):
+    """Per category: measured speedup (geometric mean over prompts, 95% interval) and Leviathan's
+    prediction (dashed) against k. `table` is `metrics.predicted_vs_measured`."""
     fig, ax = plt.subplots(figsize=(7, 4.2))
-    sns.lineplot(data=sweep, x="k", y="speedup", hue="category", marker="o", errorbar=("pi", 100), ax=ax)
-    if "predicted_speedup" in sweep:
-        predicted = sweep.groupby("k").predicted_speedup.mean()
-        ax.plot(predicted.index, predicted.values, "k--", label="predicted (all prompts)")
-        ax.legend()
+    for (category, group), color in zip(table.groupby("category"), sns.color_palette("tab10")):
+        group = group.sort_values("k")
+        errors = [(group.speedup - group.speedup_low).fillna(0), (group.speedup_high - group.speedup).fillna(0)]
+        ax.errorbar(group.k, group.speedup, yerr=errors, marker="o", color=color, capsize=3,
+                    label=f"{category} measured (n={int(group.prompts.max())})")
+        ax.plot(group.k, group.predicted_speedup, "--", color=color, label=f"{category} predicted")
+    ax.legend(fontsize=8)
     ax.axhline(1.0, color="gray", linestyle=":")
     ax.set(xlabel="draft length k", ylabel="speedup over AR")
     return _finish(fig, title)
@@ -66,7 +101,30 @@ def predicted_vs_measured(table: pd.DataFrame, title: str = "Predicted vs measur
 def acceptance_by_position(table: pd.DataFrame, title: str = "Acceptance by draft position"):
     fig, ax = plt.subplots(figsize=(7, 4.2))
     sns.lineplot(data=table, x="position", y="acceptance", hue="decoder", marker="o", ax=ax)
-    ax.set(xlabel="position in the draft block", ylabel="P(accepted | proposed)", ylim=(0, 1.05))
+    ax.set(xlabel="position i in the draft block", ylabel="P(token i accepted | tokens before it accepted)",
+           ylim=(0, 1.05))
+    return _finish(fig, title)
+
+
+def roofline(table: pd.DataFrame, title: str = "Tokens/s against the memory-bandwidth bound"):
+    """Per AR loop: measured tokens/s beside bandwidth / weight bytes read per token."""
+    data = table.melt(id_vars="method", value_vars=["tokens_per_second", "bound_tokens_per_second"],
+                      var_name="kind", value_name="tokens/s")
+    data["kind"] = data.kind.map({"tokens_per_second": "measured", "bound_tokens_per_second": "bandwidth bound"})
+    fig, ax = plt.subplots(figsize=(9, 0.7 * len(table) + 1.5))
+    sns.barplot(data=data, y="method", x="tokens/s", hue="kind", ax=ax)
+    for bars in ax.containers:
+        ax.bar_label(bars, fmt="%.1f", padding=2, fontsize=8)
+    ax.set(xlabel="generated tokens / s (measured: geometric mean over prompts)", ylabel="")
+    return _finish(fig, title)
+
+
+def cost_curves(curves: pd.DataFrame, title: str = "Cost of one forward over n tokens, T(n) / T(1)"):
+    """T(n)/T(1) per model: where the curve is flat, more tokens per forward are nearly free."""
+    fig, ax = plt.subplots(figsize=(7, 4.2))
+    sns.lineplot(data=curves, x="n", y="relative_to_one", hue="model", marker="o", ax=ax)
+    ax.axhline(1.0, color="gray", linestyle=":")
+    ax.set(xlabel="tokens in one forward (n), after a 200-token prefix", ylabel="T(n) / T(1)")
     return _finish(fig, title)
 
 
@@ -86,18 +144,19 @@ def tokens_per_forward(rows: pd.DataFrame, title: str = "Generated tokens per ta
     return _finish(fig, title)
 
 
-def summary_speedups(table: pd.DataFrame, title: str = "Every method: speedup over its AR baseline"):
-    """Horizontal bars, one per (experiment, method); methods that are not lossless are hatched."""
-    data = table.assign(label=table.experiment + " · " + table.method).sort_values(["experiment", "speedup"])
-    fig, ax = plt.subplots(figsize=(10, 0.35 * len(data) + 1.5))
+def summary_speedups(table: pd.DataFrame, title: str = "Every method: speedup over its own experiment's AR baseline"):
+    """One bar per (experiment, method) with its 95% interval and prompt count; methods not declared
+    lossless are hatched. Bars of different experiments measure different prompts and baselines."""
+    data = table[table.speedup.notna()].assign(label=table.experiment + " · " + table.method)
+    data = data.sort_values(["experiment", "speedup"])
+    for column in ("speedup_low", "speedup_high", "prompts"):
+        if column not in data:
+            data[column] = float("nan")
+    fig, ax = plt.subplots(figsize=(11, 0.35 * len(data) + 1.5))
     palette = dict(zip(sorted(data.experiment.unique()), sns.color_palette("tab10")))
-    bars = ax.barh(data.label, data.speedup, color=[palette[e] for e in data.experiment])
-    for bar, lossless in zip(bars, data.lossless):
-        if not lossless:
-            bar.set_hatch("//")
-            bar.set_edgecolor("black")
-    ax.axvline(1.0, color="gray", linestyle="--")
-    ax.set(xlabel="speedup over AR (geometric mean over prompts; hatched = not lossless)", ylabel="")
+    interval_bars(ax, data.label, data.fillna({"prompts": 0}), colors=[palette[e] for e in data.experiment],
+                  hatched=[not bool(lossless) for lossless in data.lossless])
+    ax.set(xlabel="per-token speedup over AR (geometric mean over prompts, 95% CI; hatched = not lossless)", ylabel="")
     return _finish(fig, title)
 
 
@@ -119,7 +178,7 @@ def memory_bars(table: pd.DataFrame, title: str = "Memory, measured three ways")
     """Per variant: weight bytes, peak memory while generating (above what the process held before
     the model loaded: weights + activations + KV cache + runtime buffers), and the KV cache alone."""
     panels = [("weight_mb", "weights (MB)"),
-              ("peak_above_baseline_mb", "peak while generating,\nabove the pre-load baseline (MB)"),
+              ("peak_working_mb", "peak working memory while generating,\nabove each sample's start (MB)"),
               ("kv_cache_mb", f"KV cache at {int(table.kv_cache_tokens.max())} tokens (MB)")]
     fig, axes = plt.subplots(1, 3, figsize=(15, _height(table.variant.nunique())), sharey=True)
     for ax, (column, xlabel) in zip(axes, panels):
@@ -162,20 +221,16 @@ def quality_bars(table: pd.DataFrame, title: str = "Quality against the unquanti
     return _finish(fig, title)
 
 
-def speculative_bars(table: pd.DataFrame, speedups: pd.DataFrame,
-                     title: str = "Speculative decoding with quantized targets and drafts"):
-    """Per target/draft pair: acceptance rate, speedup over AR of the same target variant (bars span
-    the samples, dots are samples, dashed line = no gain) and agreement with that target's greedy AR."""
+def speculative_bars(table: pd.DataFrame, title: str = "Speculative decoding with quantized targets and drafts"):
+    """Per target/draft pair: acceptance rate, speedup over AR of the same target variant (95%
+    interval over prompts, dashed line = no gain) and agreement with that target's greedy AR."""
     order = list(table.pair)
     fig, axes = plt.subplots(1, 3, figsize=(16, _height(len(order))), sharey=True)
     sns.barplot(data=table, y="pair", x="acceptance_rate", hue="target", dodge=False, order=order,
                 errorbar=None, ax=axes[0])
     axes[0].set(xlim=(0, 1.05), xlabel="acceptance rate (accepted / proposed draft tokens)", ylabel="")
-    sns.barplot(data=speedups, y="decoder", x="speedup", hue="target", dodge=False, order=order,
-                errorbar=("pi", 100), ax=axes[1], legend=False)
-    sns.stripplot(data=speedups, y="decoder", x="speedup", order=order, color="black", size=3, alpha=0.5, ax=axes[1])
-    axes[1].axvline(1.0, color="gray", linestyle="--")
-    axes[1].set(xlabel="speedup over AR of the same target (side by side)", ylabel="")
+    interval_bars(axes[1], table.pair, table, invert=False)  # seaborn already put the shared axis in table order
+    axes[1].set(xlabel="per-token speedup over AR of the same target (95% CI)", ylabel="")
     sns.barplot(data=table, y="pair", x="agreement_with_target", hue="target", dodge=False, order=order,
                 errorbar=None, ax=axes[2], legend=False)
     axes[2].set(xlim=(0, 1.05), xlabel="agreement with that target's greedy AR output", ylabel="")

@@ -59,7 +59,7 @@ class GenerationResult:
     draft_forwards: int = 0  # forward passes of a draft model (0 without one)
     wall_time_s: float = 0.0
     time_to_first_token_s: float = 0.0
-    peak_memory_bytes: int | None = None  # CPU: peak RSS while decoding; CUDA: max allocated
+    peak_memory_bytes: int | None = None  # peak while decoding above what was held at its start (RSS / CUDA allocated)
     jacobi: JacobiStats | None = None  # Jacobi decoding's per-block statistics
     extras: dict = field(default_factory=dict)  # other method-specific details (draft-then-score's score)
 

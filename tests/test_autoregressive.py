@@ -1,9 +1,11 @@
+import math
+
 import pytest
 import torch
 
 from specdec_lab.decoders import autoregressive, hf_peers
 from specdec_lab.sampling import Sampling
-from tiny import PROMPT, tiny_llama
+from tiny import PROMPT, opinionated_generation_config, tiny_llama
 
 
 def test_greedy_equals_transformers_generate_in_fp32():
@@ -22,6 +24,42 @@ def test_peer_wrapper_matches_and_counts_forwards():
     assert peer.tokens == ours.tokens
     assert peer.target_forwards == 25  # one prefill + 24 decode steps, counted by a hook
     assert 0 < peer.time_to_first_token_s <= peer.wall_time_s
+
+
+PEER_MODES = {
+    "generate": lambda: {},
+    "prompt_lookup": lambda: dict(prompt_lookup_num_tokens=3),
+    "assisted": lambda: dict(assistant_model=tiny_llama(seed=1), num_assistant_tokens=3),
+}
+
+
+@pytest.mark.parametrize("mode", PEER_MODES)
+def test_peers_ignore_the_models_generation_config(mode):
+    model = tiny_llama()
+    ours = autoregressive.generate(model, PROMPT, 25, stop_ids=[])
+    extra = PEER_MODES[mode]()
+    models = [each for each in (model, extra.get("assistant_model")) if each is not None]
+    for each in models:  # sampling, penalties, suppressed tokens, EOS 3: all must be ignored
+        opinionated_generation_config(each, suppress_tokens=ours.tokens[:2])
+    before = [(each.generation_config, each.generation_config.to_dict()) for each in models]
+    peer = hf_peers.generate(model, PROMPT, 25, stop_ids=[], **extra)
+    assert peer.tokens == ours.tokens
+    assert [(each.generation_config, each.generation_config.to_dict()) for each in models] == before
+
+
+def test_generation_configs_come_back_when_generate_fails():
+    model, draft = tiny_llama(), tiny_llama(seed=1, vocab_size=50)
+    before = [model.generation_config, draft.generation_config]
+    with pytest.raises(ValueError, match="different tokenizers"):  # raised inside model.generate
+        hf_peers.generate(model, PROMPT, 5, assistant_model=draft)
+    assert model.generation_config is before[0] and draft.generation_config is before[1]
+
+
+@pytest.mark.parametrize("mode", ["prompt_lookup", "assisted"])
+def test_drafting_peers_do_not_report_a_time_to_first_token(mode):
+    # their streamer sees the first token only after a draft-and-verify round, not after prefill
+    peer = hf_peers.generate(tiny_llama(), PROMPT, 10, stop_ids=[], **PEER_MODES[mode]())
+    assert math.isnan(peer.time_to_first_token_s) and peer.wall_time_s > 0
 
 
 def test_stops_at_eos_and_keeps_it():

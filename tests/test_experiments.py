@@ -110,14 +110,27 @@ def test_fastest_lossless_ranks_within_each_experiment_by_the_declared_property(
         "lossless": [True, True, False, True, True, False],
         "role": ["target AR", "speculative", "lossy", "target AR", "parallel", "parallel"],
         "speedup": [1.0, 1.5, 2.5, 1.0, 0.6, 0.9], "agreement": [1.0, 1.0, 0.5, 1.0, 1.0, 0.04]})
-    outputs.write_summary(tmp_path, "02_speculative", lines.iloc[:3])
-    outputs.write_summary(tmp_path, "04_cllm", lines.iloc[3:])
-    tables = summary.run({"results_dir": str(tmp_path)})
+    lines = lines.assign(speedup_low=lines.speedup - 0.1, speedup_high=lines.speedup + 0.1, prompts=10)
+    for name, part in (("02_speculative", lines.iloc[:3]), ("04_cllm", lines.iloc[3:])):
+        outputs.write_summary(tmp_path, name, part, params_id=summary.current_params_id("smoke", name))
+    tables = summary.run({"results_dir": str(tmp_path), "profile": "smoke"})
+    assert tables.stale == []
     best = tables.fastest_lossless.set_index("experiment").method
     assert best.to_dict() == {"02_speculative": "spec", "04_cllm": "jacobi"}
     assert outputs.read_headline(tmp_path, "05_summary") == {
-        "fastest lossless method in 02_speculative": "spec: 1.50x", "fastest lossless method in 04_cllm": "jacobi: 0.60x"}
-    assert "| 02_speculative | blog (fast, not lossless) | no |" in summary.markdown_table(str(tmp_path))
+        "fastest lossless method in 02_speculative": "spec: 1.50x (95% CI 1.40-1.60, 10 prompts)",
+        "fastest lossless method in 04_cllm": "jacobi: 0.60x (95% CI 0.50-0.70, 10 prompts)"}
+    assert "| 02_speculative | blog (fast, not lossless) | no | 2.50 (2.40-2.60) | 10 |" in summary.markdown_table(str(tmp_path))
+
+
+def test_the_summary_leaves_out_results_made_with_other_parameters(tmp_path):
+    line = pd.DataFrame({"method": ["spec"], "lossless": [True], "role": ["speculative"], "speedup": [1.5],
+                         "speedup_low": [1.2], "speedup_high": [1.8], "prompts": [10], "agreement": [1.0]})
+    outputs.write_summary(tmp_path, "02_speculative", line, params_id=summary.current_params_id("smoke", "02_speculative"))
+    outputs.write_summary(tmp_path, "03_quantized", line, params_id="made-with-older-parameters")
+    tables = summary.run({"results_dir": str(tmp_path), "profile": "smoke"})
+    assert tables.stale == ["03_quantized"] and set(tables.table.experiment) == {"02_speculative"}
+    assert "03_quantized" in summary.findings(tables)
 
 
 def test_write_summary_needs_the_declared_properties(tmp_path):

@@ -31,7 +31,41 @@ def rows():
 def test_speedup_is_a_side_by_side_ratio():
     speed = metrics.speedups(rows(), "ar")
     assert set(speed[speed.decoder == "fast"].speedup) == {2.0}
-    assert metrics.mean_speedup(rows(), "fast", "ar") == pytest.approx(2.0)
+    speedup, low, high, prompts = metrics.mean_speedup(rows(), "fast", "ar")
+    assert (speedup, low, high, prompts) == (pytest.approx(2.0), pytest.approx(2.0), pytest.approx(2.0), 2)
+
+
+def test_speedup_compares_time_per_generated_token_not_wall_time():
+    """A method that stops after half the tokens in half the time is not faster per token (fault:
+    wall-time ratios of runs of different length); its latency ratio says 2x, and the pair is counted."""
+    frame = rows()
+    short = frame.decoder == "fast"
+    frame.loc[short, "tokens"] = frame.loc[short, "tokens"].map(lambda t: t[:2])
+    frame.loc[short, "wall_time_s"] = frame.loc[frame.decoder == "ar", "wall_time_s"].to_numpy() / 2
+    frame = frame.drop(columns=["ms_per_token", "tokens_per_second"])
+    table = metrics.speedup_table(frame, "ar")
+    assert table.loc["fast", "speedup"] == pytest.approx(1.0)
+    assert table.loc["fast", "latency_ratio"] == pytest.approx(2.0)
+    assert table.loc["fast", "pairs_of_other_length"] == 4 and table.loc["ar", "pairs_of_other_length"] == 0
+
+
+def test_bootstrap_interval_over_prompts():
+    low, high = metrics.bootstrap_interval([1.0, 2.0, 4.0, 8.0])
+    assert low < metrics.geometric_mean([1.0, 2.0, 4.0, 8.0]) < high and 1.0 <= low and high <= 8.0
+    assert (low, high) == metrics.bootstrap_interval([1.0, 2.0, 4.0, 8.0])  # seeded: reports reproduce
+    assert all(math.isnan(v) for v in metrics.bootstrap_interval([3.0]))  # one prompt has no spread
+
+
+def test_tokens_per_second_is_aggregated_like_the_speedup():
+    """Both are geometric means over prompts, so with one repeat their ratio is the speedup (fault:
+    a median tokens/s beside a geometric-mean speedup disagreed)."""
+    frame = rows()[lambda r: r.repeat == 0].copy()
+    frame.loc[(frame.decoder == "fast") & (frame.prompt_id == "b"), "wall_time_s"] *= 4  # 0.5x on prompt b
+    frame["tokens_per_second"] = frame.tokens.str.len() / frame.wall_time_s
+    frame["ms_per_token"] = 1000 * frame.wall_time_s / frame.tokens.str.len()
+    table = metrics.summary(frame, "ar")
+    ratio = table.loc["fast", "tokens_per_second"] / table.loc["ar", "tokens_per_second"]
+    assert ratio == pytest.approx(table.loc["fast", "speedup"]) == pytest.approx(1.0)
 
 
 def test_agreement_finds_the_first_divergence():
@@ -47,17 +81,24 @@ def test_summary_has_one_line_per_decoder():
     assert table.loc["fast", "full_match_rate"] == pytest.approx(0.5)
 
 
-def test_acceptance_by_position():
+def test_acceptance_by_position_is_the_per_position_rate():
+    """Steps (accepted, proposed) = (2, 2) and (0, 2): position 1 is accepted in 1 of 2 steps; position
+    2 is reached in 1 step and accepted there: 1.0 per position (the cumulative rate would say 0.5)."""
     table = metrics.acceptance_by_position(rows()[lambda r: r.decoder == "fast"]).set_index("position")
-    assert table.loc[1, "acceptance"] == pytest.approx(0.5) and table.loc[2, "acceptance"] == pytest.approx(0.5)
+    assert table.loc[1, "acceptance"] == pytest.approx(0.5) and table.loc[2, "acceptance"] == pytest.approx(1.0)
+    assert table.loc[2, "steps"] == 4  # one step per row reached position 2
 
 
-def test_leviathan_prediction_and_its_inverse():
+def test_alpha_is_counted_from_the_tokens_actually_proposed():
+    assert metrics.acceptance_alpha([[2, 0]], [[2, 2]]) == pytest.approx(2 / 3)  # 2 accepted, 1 rejection
+    # the last step proposed 1 token (the generation's end) and kept it: no rejection anywhere
+    assert metrics.acceptance_alpha([[3, 1]], [[3, 1]]) == 1.0
+
+
+def test_leviathan_prediction():
     # a = 0.8, k = 4, c = 0.25: (1 - 0.8^5) / (0.2 * 2) = 1.6805
     assert metrics.predicted_speedup(0.8, 4, 0.25) == pytest.approx((1 - 0.8**5) / (0.2 * 2.0))
     assert metrics.predicted_speedup(1.0, 4, 0.0) == 5
-    tokens_per_step = (1 - 0.7**4) / 0.3
-    assert metrics.alpha_from_tokens_per_step(tokens_per_step, 3) == pytest.approx(0.7, abs=1e-6)
 
 
 def test_geometric_mean_ignores_missing_values():

@@ -48,6 +48,15 @@ def test_quantized_weights_are_smaller(load, name):
     assert load("target", name).weight_bytes < load("target", "none").weight_bytes
 
 
+def test_nf4_weight_bytes_count_the_quantization_state(load):
+    """One fp32 absmax per block of 64 weights (+12% of the packed bytes) is part of what NF4 stores."""
+    model = load("target", "nf4").model
+    states = [m.weight.quant_state for m in model.modules() if hasattr(getattr(m, "weight", None), "quant_state")]
+    absmax = sum(state.absmax.numel() * state.absmax.element_size() for state in states)
+    assert states and absmax > 0
+    assert models.weight_bytes(model) >= model.get_memory_footprint() + absmax
+
+
 def test_double_quant_4bit_loads(folders):
     loaded = quantized.load_variant(folders["target"], "nf4", "float32", "cpu", double_quant=True)
     assert loaded.model.model.layers[0].mlp.up_proj.weight.quant_state.nested

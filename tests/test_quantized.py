@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from specdec_lab import memory, models
+from specdec_lab import memory, metrics, models, quality
 from specdec_lab.data import Prompt
 from specdec_lab.decoders import autoregressive
 from specdec_lab.decoders.common import new_cache
@@ -46,10 +46,19 @@ def test_footprint_sweep_measures_and_resumes(folders, tmp_path):
     footprints, rows = quantized.footprint_sweep({"target": folders["target"]}, ["none", "nf4"], PROMPTS, **kwargs)
     table = quantized.footprint_table(footprints, rows)
     by_name = table.set_index("quantization")
-    assert by_name.loc["none", "agreement"] == 1.0 and by_name.loc["none", "speed_vs_unquantized"] == 1.0
     assert by_name.loc["nf4", "weight_bytes"] < by_name.loc["none", "weight_bytes"]
     assert (table.kv_cache_bytes > 0).all() and (table.perplexity > 1).all()
     assert len(quantized.tradeoff_sentences(table)) == 1
+    # speed ratios are taken side by side: both variants of a prompt ran in one process, interleaved
+    assert (rows.groupby("prompt_id").process.nunique() == 1).all()
+    per_prompt = rows.pivot_table(index="prompt_id", columns="quantization", values="ms_per_token")
+    expected = metrics.geometric_mean(per_prompt["none"] / per_prompt["nf4"])
+    assert by_name.loc["nf4", "speed_vs_unquantized"] == pytest.approx(expected)
+    # agreement is measured against the unquantized model's output, not the variant's own
+    none_tokens = rows[rows.quantization == "none"].set_index("prompt_id").tokens
+    nf4 = rows[rows.quantization == "nf4"]
+    scores = [quality.greedy_agreement(none_tokens[p], t).fraction for p, t in zip(nf4.prompt_id, nf4.tokens)]
+    assert by_name.loc["nf4", "agreement"] == pytest.approx(sum(scores) / len(scores))
     def line_counts():
         return [(tmp_path / name).read_text().count("\n") for name in ("ar.jsonl", "footprints.jsonl")]
     before = line_counts()
@@ -57,23 +66,20 @@ def test_footprint_sweep_measures_and_resumes(folders, tmp_path):
     assert line_counts() == before == [2 * 1 * len(PROMPTS), 2]
 
 
-def test_footprint_sweep_hands_kept_variants_to_the_grid(folders, tmp_path, monkeypatch):
+def test_footprint_sweep_hands_its_variants_to_the_grid(folders, tmp_path, monkeypatch):
     pairs = ["none/nf4", "nf4/none"]
-    keep = quantized.variants_to_keep(pairs, folders["target"], folders["draft"], "cpu")
-    assert keep == {(folders["target"], "none"), (folders["target"], "nf4"), (folders["draft"], "nf4"),
-                    (folders["draft"], "none")}
-    assert quantized.variants_to_keep(pairs, folders["target"], folders["draft"], "cuda") == set()
     variants = {}
     quantized.footprint_sweep({"target": folders["target"]}, ["none", "nf4", "int8"], PROMPTS[:1],
-                                 dtype="float32", device="cpu", double_quant=False, max_new_tokens=4, repeats=1,
-                                 warmup=0, out_dir=tmp_path, config={}, variants=variants, keep=keep)
+                              dtype="float32", device="cpu", double_quant=False, max_new_tokens=4, repeats=1,
+                              warmup=0, out_dir=tmp_path, config={}, variants=variants)
+    quantized.free_unneeded(variants, pairs, folders["target"], folders["draft"])
     assert set(variants) == {(folders["target"], "none"), (folders["target"], "nf4")}  # int8 was freed
     loads = []
     monkeypatch.setattr(quantized, "load_variant", lambda spec, name, *a, **kw: loads.append((spec, name)) or
                         models.load(spec, dtype="float32", quantization=name))
     quantized.speculative_grid(pairs, PROMPTS[:1], target=folders["target"], draft=folders["draft"],
-                                  dtype="float32", device="cpu", double_quant=False, k=2, max_new_tokens=4,
-                                  repeats=1, warmup=0, out=tmp_path / "spec.jsonl", config={}, variants=variants)
+                               dtype="float32", device="cpu", double_quant=False, k=2, max_new_tokens=4,
+                               repeats=1, warmup=0, out=tmp_path / "spec.jsonl", config={}, variants=variants)
     assert sorted(loads) == sorted([(folders["draft"], "nf4"), (folders["draft"], "none")])  # each loaded once
     assert (folders["target"], "none") not in variants  # a target is freed after its group
 
@@ -90,6 +96,12 @@ def test_speculative_grid_is_lossless_for_quantized_drafts(folders, tmp_path):
     acceptance = table.acceptance_rate
     assert acceptance["target fp32 · self LLM.int8"] > acceptance["target fp32 · draft nf4"]
     assert table.loc["target fp32 · draft nf4", "agreement_with_unquantized"] == 1.0
-    assert (table.speedup > 0).all()
-
-
+    assert (table.speedup > 0).all() and (table.prompts == len(PROMPTS)).all()
+    # only a pair whose target is unquantized is declared lossless, and a quantized target's pair is
+    # scored against the unquantized target's output, not only against its own quantized AR
+    assert table.lossless.to_dict() == {"target fp32 · draft nf4": True, "target fp32 · self LLM.int8": True,
+                                        "target nf4 · draft fp32": False}
+    reference = unquantized_ar.set_index("prompt_id").tokens
+    pair = rows[rows.decoder == "target nf4 · draft fp32"]
+    scores = [quality.greedy_agreement(reference[p], t).fraction for p, t in zip(pair.prompt_id, pair.tokens)]
+    assert table.loc["target nf4 · draft fp32", "agreement_with_unquantized"] == pytest.approx(sum(scores) / len(scores))

@@ -51,3 +51,12 @@ def save_tiny_model(path, seed: int, bias: bool = False) -> str:
     words.pre_tokenizer = pre_tokenizers.Whitespace()
     PreTrainedTokenizerFast(tokenizer_object=words, unk_token="t0").save_pretrained(path)
     return str(path)
+
+
+def opinionated_generation_config(model, suppress_tokens=(4, 5)):
+    """Give `model` a generation_config like many hub checkpoints ship (sampling, penalties,
+    suppressed tokens): a peer that inherits it no longer decodes plain greedy."""
+    model.generation_config.update(
+        do_sample=True, temperature=0.7, top_k=5, top_p=0.9, repetition_penalty=5.0, no_repeat_ngram_size=2,
+        suppress_tokens=list(suppress_tokens), bad_words_ids=[[6]], min_new_tokens=50)
+    return model

@@ -36,9 +36,11 @@ def generate(
         tokens = autoregressive.decode_tokens(draft, run.prompt_ids, max_new_tokens, sampling, rng, draft_stop_ids,
                                               on_first_token=run.first_token_done)
         score = -float(continuation_nll(target, run.prompt_ids, tokens).mean())
+    # The target never decodes: its one pass scores finished text, so it is reported as a scoring
+    # pass, not as a forward that yielded tokens (tokens per target forward is not defined here).
     return run.result(
         tokens,
-        target_forwards=1,
+        target_forwards=0,
         draft_forwards=len(tokens),  # the draft's prefill and one pass per further token
-        extras={"target_mean_log_likelihood": score},
+        extras={"target_scoring_passes": 1, "target_mean_log_likelihood": score},
     )

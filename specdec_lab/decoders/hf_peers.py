@@ -47,23 +47,26 @@ class _FirstTokenClock:
 
 
 @contextlib.contextmanager
-def _assistant_settings(assistant, num_tokens: int | None, schedule: str | None, threshold: float | None):
-    """transformers reads these from the *assistant's* generation_config (passed to generate()
-    they are silently ignored), so set them there for the call and restore them after."""
-    if assistant is None:
-        yield
-        return
-    config = assistant.generation_config
-    names = ("num_assistant_tokens", "num_assistant_tokens_schedule", "assistant_confidence_threshold")
-    saved = {name: getattr(config, name, None) for name in names}
-    for name, value in zip(names, (num_tokens, schedule, threshold)):
-        if value is not None:
-            setattr(config, name, value)
+def _generation_configs(own: list[tuple[object, GenerationConfig]]):
+    """Give each model its config from `own` as model.generation_config for the call, then restore.
+
+    generate() fills every None field of the config we pass from model.generation_config (the
+    model's generation_config.json: do_sample, repetition_penalty, suppress_tokens, ...), and the
+    assistant's generate() fills them again from the assistant's. Explicit neutral values cannot
+    stop that: for suppress_tokens, bad_words_ids, min_new_tokens, eos_token_id ... the neutral value
+    is None, the very value that gets filled in. So a fresh config holding only our settings stands
+    in for each model's own. Restoring the originals (on errors too) also drops what transformers
+    writes into the assistant's config (the heuristic num_assistant_tokens, universal assisted's
+    repetition_penalty = None).
+    """
+    saved = [(model, model.generation_config) for model, _ in own]
     try:
+        for model, config in own:
+            model.generation_config = config
         yield
     finally:
-        for name, value in saved.items():
-            setattr(config, name, value)
+        for model, config in reversed(saved):
+            model.generation_config = config
 
 
 @torch.inference_mode()
@@ -81,41 +84,53 @@ def generate(
     tokenizer=None,
     assistant_tokenizer=None,
 ) -> GenerationResult:
-    """`model.generate` with exactly our settings (a fresh GenerationConfig, so no defaults from
-    the model's generation_config.json such as a repetition penalty sneak in)."""
+    """`model.generate` with exactly our settings: no setting from the model's (or the assistant's)
+    generation_config.json, such as a repetition penalty, sneaks in (see `_generation_configs`)."""
     run = DecodingRun(model, prompt_ids, max_new_tokens, stop_ids)
     stop_ids = sorted(run.stop_ids)
+    special_ids = dict(eos_token_id=stop_ids or None, pad_token_id=stop_ids[0] if stop_ids else 0)
     config = GenerationConfig(
+        **special_ids,
         max_new_tokens=max_new_tokens,
         do_sample=not sampling.greedy,
         temperature=sampling.temperature if not sampling.greedy else None,
         top_k=sampling.top_k if not sampling.greedy else None,
         top_p=sampling.top_p if not sampling.greedy else None,
-        eos_token_id=stop_ids or None,
-        pad_token_id=stop_ids[0] if stop_ids else 0,
         prompt_lookup_num_tokens=prompt_lookup_num_tokens,
     )
+    own = [(model, GenerationConfig(**special_ids))]
     extra = {}
     if assistant_model is not None:
         extra["assistant_model"] = assistant_model
+        # transformers reads these from the *assistant's* generation_config (passed to generate()
+        # they are silently ignored); None leaves transformers' defaults
+        own.append((assistant_model, GenerationConfig(
+            **special_ids, num_assistant_tokens=num_assistant_tokens,
+            num_assistant_tokens_schedule=num_assistant_tokens_schedule,
+            assistant_confidence_threshold=assistant_confidence_threshold)))
     if assistant_tokenizer is not None:  # universal assisted generation: different tokenizers
         extra.update(tokenizer=tokenizer, assistant_tokenizer=assistant_tokenizer)
     if not sampling.greedy:
         torch.manual_seed(sampling.seed)  # transformers samples from the global generator
 
+    # Assisted generation and prompt lookup put their first token to the streamer only after the
+    # first draft-and-verify round, not after the prefill as ours do: another event, so not timed.
+    drafting = assistant_model is not None or prompt_lookup_num_tokens is not None
+    streamer = None if drafting else _FirstTokenClock(run)
+
     input_ids = torch.tensor([run.prompt_ids], device=run.device)
     target_counter = _ForwardCounter(model)
     draft_counter = _ForwardCounter(assistant_model) if assistant_model is not None else None
     try:
-        with quiet_transformers(), _assistant_settings(assistant_model, num_assistant_tokens,
-                                                        num_assistant_tokens_schedule, assistant_confidence_threshold):
-            with run:
-                output = model.generate(input_ids, generation_config=config, streamer=_FirstTokenClock(run), **extra)
+        with quiet_transformers(), _generation_configs(own), run:
+            output = model.generate(input_ids, generation_config=config, streamer=streamer, **extra)
     finally:
         target_counter.remove()
         if draft_counter is not None:
             draft_counter.remove()
 
+    if drafting:
+        run.time_to_first_token_s = float("nan")
     return run.result(
         output[0, len(run.prompt_ids):].tolist(),
         target_forwards=target_counter.count,

@@ -1,5 +1,7 @@
 """Notebook 01: the autoregressive baseline. Our AR loop and transformers' `generate` on the target
-and the draft, side by side; their agreement, weights, and the draft/target cost ratio c."""
+and the draft, side by side; their agreement, weights, the draft/target cost ratio c, and where the
+physical limit is: this machine's memory bandwidth, each configuration's tokens/s against the bound
+it sets, and the cost T(n) of one forward over n tokens."""
 
 from __future__ import annotations
 
@@ -7,7 +9,7 @@ from dataclasses import dataclass
 
 import pandas as pd
 
-from specdec_lab import data, metrics, models
+from specdec_lab import data, hardware, metrics, models
 from specdec_lab.experiments import common, lineups
 from specdec_lab.runs import bench
 
@@ -22,6 +24,9 @@ class Tables:
     weights: pd.DataFrame  # weight bytes of each loaded model
     cost_ratio: float | None  # draft ms/token / target ms/token (None without a draft)
     dtype: str
+    bandwidth: float  # bytes/s of a large tensor copy on this machine
+    roofline: pd.DataFrame  # per AR method: measured tokens/s, the bandwidth bound, the fraction reached
+    cost_curves: pd.DataFrame  # T(n) per model: n, ms, relative_to_one
 
 
 def run(params: dict) -> Tables:
@@ -39,10 +44,32 @@ def run(params: dict) -> Tables:
     cost_ratio = None
     if draft is not None:
         cost_ratio = metrics.cost_ratio(rows[rows.decoder == lineups.DRAFT_AR], rows[rows.decoder == lineups.TARGET_AR])
-    tables = Tables(rows, metrics.summary(target_rows, baseline=TRANSFORMERS_AR), weights, cost_ratio, params["dtype"])
+    bandwidth = hardware.memory_bandwidth()
+    loaded = {"target": target, "draft": draft}
+    roofline = roofline_table(rows, loaded, bandwidth)
+    cost_curves = pd.concat([hardware.forward_cost_curve(m.model, range(1, params["cost_curve_max_n"] + 1),
+                                                         repeats=params["cost_curve_repeats"]).assign(model=name)
+                             for name, m in loaded.items() if m is not None], ignore_index=True)
+    cost_curves.to_csv(common.results_file(params, NOTEBOOK, "cost_curves.csv"), index=False)
+    tables = Tables(rows, metrics.summary(target_rows, baseline=TRANSFORMERS_AR), weights, cost_ratio, params["dtype"],
+                    bandwidth, roofline, cost_curves)
     summary = common.summary_lines(metrics.summary(target_rows, baseline=lineups.TARGET_AR), methods)
     common.write_outputs(params, NOTEBOOK, summary, headline(tables), model=params["target"], dtype=params["dtype"])
     return tables
+
+
+def roofline_table(rows: pd.DataFrame, loaded: dict, bandwidth: float) -> pd.DataFrame:
+    """Per AR method: tokens/s (geometric mean over prompts) against the memory-bandwidth bound of
+    the model it runs (bandwidth / weight bytes read per token), and the fraction of it reached."""
+    records = []
+    for method, group in rows.groupby("decoder", sort=False):
+        model = loaded["target" if group.role.iloc[0] == "target AR" else "draft"]
+        measured = metrics.geometric_mean(group.groupby("prompt_id").tokens_per_second.median())
+        bound = hardware.roofline_tokens_per_second(model.model, bandwidth)
+        records.append({"method": method, "tokens_per_second": measured, "bound_tokens_per_second": bound,
+                        "fraction_of_bound": measured / bound,
+                        "bytes_read_per_token_mb": hardware.bytes_read_per_token(model.model) / 2**20})
+    return pd.DataFrame(records)
 
 
 def headline(tables: Tables) -> dict:
@@ -51,6 +78,9 @@ def headline(tables: Tables) -> dict:
         "target AR tokens/s (ours)": round(ours.tokens_per_second, 2),
         "target tokens/s (transformers generate)": round(theirs.tokens_per_second, 2),
         "our loop / generate speed ratio": round(ours.speedup, 3),
+        "memory bandwidth (GB/s)": round(tables.bandwidth / 1e9, 1),
+        "target AR (ours): fraction of the bandwidth bound": round(
+            float(tables.roofline.set_index("method").fraction_of_bound[lineups.TARGET_AR]), 3),
     }
 
 
@@ -60,6 +90,16 @@ def findings(tables: Tables) -> str:
             f"**{theirs.tokens_per_second:.1f}** for `generate` (speed ratio {ours.speedup:.2f}, measured side by "
             f"side; 1.00 means equal). Greedy outputs agree on {ours.full_match_rate:.0%} of the samples "
             f"(mean agreement {ours.agreement:.3f}; {tables.dtype}).")
+    ours_bound = tables.roofline.set_index("method").loc[lineups.TARGET_AR]
+    text += (f"\n\nThis machine copies memory at **{tables.bandwidth / 1e9:.1f} GB/s**. Decoding one token reads "
+             f"{ours_bound.bytes_read_per_token_mb:,.0f} MB of target weights ({tables.dtype}), so AR decoding cannot "
+             f"exceed **{ours_bound.bound_tokens_per_second:.1f} tokens/s**; the kit's loop reaches "
+             f"{ours_bound.tokens_per_second:.1f} ({ours_bound.fraction_of_bound:.0%} of the bound).")
+    for model, curve in tables.cost_curves.groupby("model"):
+        at = curve.set_index("n").relative_to_one
+        shown = [n for n in (4, 8, 16, 32) if n in at.index]
+        text += (f"\n\nOne forward over n tokens on the {model} costs " +
+                 ", ".join(f"T({n}) = {at[n]:.2f}·T(1)" for n in shown) + f" (T(1) = {curve.ms.iloc[0]:.1f} ms).")
     if tables.cost_ratio is not None:
         text += (f"\n\nCost ratio c = draft ms/token ÷ target ms/token = **{tables.cost_ratio:.2f}** "
                  "(lower is better for speculative decoding).")

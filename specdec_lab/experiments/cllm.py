@@ -112,7 +112,7 @@ def reference_model(params: dict, held_out_set: list[data.Prompt], tables: Table
     rows = bench.run(lineups.cllm(reference, None, params["max_new_tokens"], params["block_size"], params["init"]),
                      held_out_set[:params["reference_prompts"]], reference.tokenizer,
                      out=common.results_file(params, NOTEBOOK, "reference_model.jsonl"),
-                     repeats=1, warmup=0, config=params, desc=params["reference_model"])
+                     repeats=1, warmup=params["warmup"], config=params, desc=params["reference_model"])
     tables.reference_table = metrics.summary(rows, baseline=lineups.BASE_AR)
     tables.reference_blocks = block_summary(block_table(rows[rows.role == "parallel"]))
 

@@ -9,7 +9,9 @@ from pathlib import Path
 import pandas as pd
 
 from specdec_lab.method import Method
-from specdec_lab.runs import outputs, paths
+from specdec_lab.runs import jsonl, outputs, paths
+
+NOT_PART_OF_A_RESULT = ("results_dir", "profile")  # where results go does not change them
 
 
 def results_file(params: dict, notebook: str, name: str) -> Path:
@@ -29,8 +31,14 @@ def summary_lines(table: pd.DataFrame, methods: Sequence[Method]) -> pd.DataFram
     return out
 
 
+def params_id(params: dict) -> str:
+    """The id of the parameters a result was made with (the summary skips results whose id is not
+    that of the profile's current parameter file: left over from an earlier run)."""
+    return jsonl.config_hash({k: v for k, v in params.items() if k not in NOT_PART_OF_A_RESULT})
+
+
 def write_outputs(params: dict, notebook: str, summary: pd.DataFrame, headline: dict, **labels) -> None:
-    outputs.write_summary(params["results_dir"], notebook, summary, **labels)
+    outputs.write_summary(params["results_dir"], notebook, summary, params_id=params_id(params), **labels)
     outputs.write_headline(params["results_dir"], notebook, headline)
 
 

@@ -26,11 +26,11 @@ CLLM_JACOBI = "Jacobi (CLLM)"
 # --- single methods -------------------------------------------------------------------------------
 
 def ar(model: LoadedModel, max_new_tokens: int, sampling: Sampling = GREEDY, name: str = TARGET_AR,
-       role: str = "target AR", lossless: bool = True) -> Method:
+       role: str = "target AR", lossless: bool = True, params: dict | None = None) -> Method:
     """Our AR loop (prefill, then one token per forward)."""
     def decode(prompt_ids):
         return autoregressive.generate(model.model, prompt_ids, max_new_tokens, sampling)
-    return Method(name, decode, lossless=lossless, role=role)
+    return Method(name, decode, lossless=lossless, role=role, params=params or {})
 
 
 def transformers_generate(model: LoadedModel, max_new_tokens: int, sampling: Sampling = GREEDY,
@@ -54,16 +54,31 @@ def draft_model_speculative(target: LoadedModel, draft: LoadedModel, k: int, max
                             sampling: Sampling = GREEDY, schedule: str = "constant",
                             confidence_threshold: float = 0.0, name: str | None = None,
                             lossless: bool = True, params: dict | None = None) -> Method:
-    name = name or (f"speculative k={k} (ours)" if schedule == "constant" else "speculative adaptive k (ours)")
+    """Our speculative decoder with a draft model: k constant, or the heuristic schedule from k."""
+    name = name or f"speculative {draft_length_label(k, schedule, confidence_threshold)} (ours)"
     return with_candidates(
         target, lambda: DraftModelCandidates(draft.model, k, schedule, confidence_threshold), max_new_tokens, sampling,
         name, {"source": "draft model", "k": k, "schedule": schedule, "confidence_threshold": confidence_threshold,
                **(params or {})}, lossless)
 
 
+def draft_length_label(k: int, schedule: str = "constant", confidence_threshold: float = 0.0) -> str:
+    """How a row names its draft-length policy: the same words for ours and transformers'."""
+    if schedule == "constant":
+        label = f"k={k}"
+    else:
+        label = f"adaptive k from {k}"
+    return label + (f", stop below p={confidence_threshold:g}" if confidence_threshold else "")
+
+
+PROMPT_LOOKUP_NGRAM = 3  # ours: the longest n-gram tried (down to 1), latest occurrence first
+TRANSFORMERS_PROMPT_LOOKUP_NGRAM = 2  # transformers' max_matching_ngram_size default; it takes the first occurrence
+
+
 def prompt_lookup(target: LoadedModel, k: int, max_new_tokens: int, sampling: Sampling = GREEDY) -> Method:
-    return with_candidates(target, lambda: PromptLookupCandidates(k), max_new_tokens, sampling,
-                           f"prompt lookup k={k} (ours)", {"source": "prompt lookup", "k": k})
+    return with_candidates(target, lambda: PromptLookupCandidates(k, max_ngram=PROMPT_LOOKUP_NGRAM),
+                           max_new_tokens, sampling, f"prompt lookup k={k}, n<={PROMPT_LOOKUP_NGRAM}, latest match (ours)",
+                           {"source": "prompt lookup", "k": k, "max_ngram": PROMPT_LOOKUP_NGRAM, "match": "latest"})
 
 
 def draft_then_score_method(target: LoadedModel, draft: LoadedModel, max_new_tokens: int,
@@ -96,28 +111,39 @@ def baseline(target: LoadedModel, draft: LoadedModel | None, max_new_tokens: int
 
 def speculative_methods(target: LoadedModel, draft: LoadedModel, k: int, max_new_tokens: int,
                         sampling: Sampling = GREEDY, prompt_lookup_k: int = 10,
-                        universal_draft: LoadedModel | None = None, lossy: bool = True) -> list[Method]:
-    """AR baseline, our speculative decoder (fixed and adaptive k, prompt lookup), transformers'
-    assisted generation (same k; and its defaults), its prompt lookup, the blog's draft-then-score
-    (unless `lossy=False`), and optionally universal assisted generation with a draft of another
-    tokenizer."""
+                        universal_draft: LoadedModel | None = None, lossy: bool = True,
+                        transformers_defaults: bool = True, adaptive_threshold: float = 0.4) -> list[Method]:
+    """AR baseline; our speculative decoder and transformers' assisted generation configured alike
+    (k constant; the heuristic schedule from the same k with the same confidence stop); prompt
+    lookup, each named by its own n-gram rule; optionally transformers' assisted generation with
+    its own defaults, the blog's draft-then-score (`lossy`), and universal assisted generation with
+    a draft of another tokenizer."""
     def peer(name: str, params: dict, **kwargs) -> Method:
         return transformers_generate(target, max_new_tokens, sampling, name=name, role="speculative",
                                      params=params, **kwargs)
 
+    adaptive = draft_length_label(k, "heuristic", adaptive_threshold)
     methods = [
         ar(target, max_new_tokens, sampling),
         draft_model_speculative(target, draft, k, max_new_tokens, sampling),
-        draft_model_speculative(target, draft, k, max_new_tokens, sampling, "heuristic", 0.4),
+        draft_model_speculative(target, draft, k, max_new_tokens, sampling, "heuristic", adaptive_threshold),
         prompt_lookup(target, prompt_lookup_k, max_new_tokens, sampling),
         peer(f"assisted k={k} (transformers)", {"source": "draft model", "k": k, "schedule": "constant"},
              assistant_model=draft.model, num_assistant_tokens=k, num_assistant_tokens_schedule="constant",
              assistant_confidence_threshold=0.0),
-        peer("assisted defaults (transformers)", {"source": "draft model", "settings": "the draft's generation_config"},
-             assistant_model=draft.model),
-        peer(f"prompt lookup k={prompt_lookup_k} (transformers)", {"source": "prompt lookup", "k": prompt_lookup_k},
-             prompt_lookup_num_tokens=prompt_lookup_k),
+        peer(f"assisted {adaptive} (transformers)",
+             {"source": "draft model", "k": k, "schedule": "heuristic", "confidence_threshold": adaptive_threshold},
+             assistant_model=draft.model, num_assistant_tokens=k, num_assistant_tokens_schedule="heuristic",
+             assistant_confidence_threshold=adaptive_threshold),
+        peer(f"prompt lookup k={prompt_lookup_k}, n<={TRANSFORMERS_PROMPT_LOOKUP_NGRAM}, first match (transformers)",
+             {"source": "prompt lookup", "k": prompt_lookup_k, "max_ngram": TRANSFORMERS_PROMPT_LOOKUP_NGRAM,
+              "match": "first"}, prompt_lookup_num_tokens=prompt_lookup_k),
     ]
+    if transformers_defaults:
+        methods.append(peer("assisted k=20 constant, stop below p=0.4 (transformers defaults)",
+                            {"source": "draft model", "k": 20, "schedule": "constant", "confidence_threshold": 0.4},
+                            assistant_model=draft.model, num_assistant_tokens=20,
+                            num_assistant_tokens_schedule="constant", assistant_confidence_threshold=0.4))
     if lossy:
         methods.append(draft_then_score_method(target, draft, max_new_tokens, sampling))
     if universal_draft is not None:

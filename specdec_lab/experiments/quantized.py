@@ -32,7 +32,6 @@ class Tables:
     ar_rows: pd.DataFrame  # AR rows of every variant
     spec_rows: pd.DataFrame  # speculative grid rows, each with its target variant's AR baseline
     spec_table: pd.DataFrame  # one line per pair
-    spec_speedups: pd.DataFrame  # one speedup per (pair, prompt, repeat)
 
 
 def run(params: dict) -> Tables:
@@ -45,17 +44,17 @@ def run(params: dict) -> Tables:
     settings = dict(dtype=params["dtype"], device=params["device"], double_quant=params["double_quant"],
                     max_new_tokens=params["max_new_tokens"], warmup=params["warmup"], config=params)
     specs = {"target": params["target"], "draft": params["draft"]}
-    variants: Variants = {}  # loaded models the speculative grid reuses (on CPU, see variants_to_keep)
+    variants: Variants = {}  # loaded models, handed from the footprint sweep to the speculative grid
     footprints, ar_rows = footprint_sweep(
         {role: specs[role] for role in params["footprint_models"]}, params["quantizations"], prompts,
-        repeats=params["footprint_repeats"], out_dir=out_dir, variants=variants,
-        keep=variants_to_keep(params["spec_pairs"], params["target"], params["draft"], params["device"]), **settings)
+        repeats=params["footprint_repeats"], out_dir=out_dir, variants=variants, **settings)
     table = footprint_table(footprints, ar_rows)
+    free_unneeded(variants, params["spec_pairs"], params["target"], params["draft"])
     spec_rows = speculative_grid(params["spec_pairs"], prompts, target=params["target"], draft=params["draft"],
                                  k=params["k"], repeats=params["repeats"], out=out_dir / "speculative.jsonl",
                                  variants=variants, **settings)
     spec_table = speculative_table(spec_rows, unquantized_reference(ar_rows, "target"))
-    tables = Tables(table, ar_rows, spec_rows, spec_table, speculative_speedups(spec_rows))
+    tables = Tables(table, ar_rows, spec_rows, spec_table)
     common.write_outputs(params, NOTEBOOK, summary_lines(spec_table), headline(tables),
                          model=params["target"], dtype=params["dtype"])
     return tables
@@ -85,47 +84,30 @@ def kv_cache_bytes_at(model, prompt_ids: Sequence[int], num_tokens: int) -> int:
     return memory.kv_cache_bytes(cache)
 
 
-def _measure_variant(model_role: str, spec: str, quantization: str, prompts, *, dtype, device, double_quant,
-                     max_new_tokens, repeats, warmup, out_dir: Path, config: dict,
-                     footprint: dict | None) -> tuple[dict, pd.DataFrame, models.LoadedModel]:
-    """Load one variant, time AR greedy decoding (bench rows, whose peak memory comes first, before
-    anything else ran on this model), then measure weights, KV cache and perplexity unless
-    `footprint` already holds them."""
-    memory.free_memory()
-    baseline = memory.memory_now(models.device_type(device))
-    loaded = load_variant(spec, quantization, dtype, device, double_quant)
-    quantize.warm_up(loaded.model)
-    memory.free_memory()  # what loading and repacking freed is not the model's memory
-    name = f"{model_role} {quantize.label(quantization, dtype)}"
-    method = lineups.ar(loaded, max_new_tokens, name=name, role="target AR" if model_role == "target" else "draft AR",
-                        lossless=model_role == "target" and quantization == "none")
-    rows = bench.run([method], prompts, loaded.tokenizer, out=out_dir / "ar.jsonl", repeats=repeats, warmup=warmup,
-                     config={**config, "role": model_role, "quantization": quantization}, desc=f"AR {name}")
-    if footprint is None:
-        prompt_ids = data.encode(loaded.tokenizer, prompts[0])
-        kv_tokens = len(prompt_ids) + max_new_tokens
-        footprint = {
-            "model_role": model_role, "model": spec, "quantization": quantization, "variant": name,
-            "label": quantize.label(quantization, dtype), "dtype": quantize.dtype_for(quantization, dtype),
-            "description": quantize.describe(quantization, dtype, device),
-            "weight_bytes": loaded.weight_bytes, "baseline_bytes": baseline,
-            "kv_cache_tokens": kv_tokens, "kv_cache_bytes": kv_cache_bytes_at(loaded.model, prompt_ids, kv_tokens),
-            "perplexity": quality.text_perplexity(loaded.model, loaded.tokenizer),
-            "perplexity_tokens": sum(len(ids) - 1 for ids in quality.encode_texts(loaded.tokenizer)),
-        }
-    return footprint, rows.assign(model_role=model_role, quantization=quantization), loaded
+def _footprint(model_role: str, spec: str, quantization: str, loaded: models.LoadedModel, prompt: data.Prompt, *,
+               dtype: str, device: str, max_new_tokens: int) -> dict:
+    """What a variant stores: weight bytes (quantization state included), the KV cache at the
+    length of one generation, and perplexity on the fixed text set."""
+    prompt_ids = data.encode(loaded.tokenizer, prompt)
+    kv_tokens = len(prompt_ids) + max_new_tokens
+    return {
+        "model_role": model_role, "model": spec, "quantization": quantization,
+        "variant": f"{model_role} {quantize.label(quantization, dtype)}",
+        "label": quantize.label(quantization, dtype), "dtype": quantize.dtype_for(quantization, dtype),
+        "description": quantize.describe(quantization, dtype, device), "weight_bytes": loaded.weight_bytes,
+        "kv_cache_tokens": kv_tokens, "kv_cache_bytes": kv_cache_bytes_at(loaded.model, prompt_ids, kv_tokens),
+        "perplexity": quality.text_perplexity(loaded.model, loaded.tokenizer),
+        "perplexity_tokens": sum(len(ids) - 1 for ids in quality.encode_texts(loaded.tokenizer)),
+    }
 
 
 def footprint_sweep(models_by_role: dict[str, str], quantizations: Sequence[str], prompts, *, dtype: str,
                     device: str, double_quant: bool, max_new_tokens: int, repeats: int, warmup: int,
-                    out_dir: Path, config: dict, variants: Variants | None = None,
-                    keep: set = frozenset()) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """For each model (role -> spec) and quantization: AR bench rows and a footprint row. Returns
-    (footprints, AR rows). Each variant is loaded fresh and freed after its measurement, except the
-    (spec, quantization) keys in `keep`, which are left in `variants` for a later sweep (the peak
-    memory is taken above what the process held before the load, so kept variants do not count).
-    A rerun resumes: rows already written for this configuration (ar.jsonl, footprints.jsonl under
-    out_dir) are kept."""
+                    out_dir: Path, config: dict, variants: Variants | None = None) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """For each model (role -> spec): load every quantization (into `variants`, where the
+    speculative grid finds them), measure what each stores (footprints.jsonl), then time greedy AR of
+    all of them side by side in one benchmark run, interleaved like every other ratio. Returns
+    (footprints, AR rows). A rerun resumes from footprints.jsonl and ar.jsonl."""
     quantize.check_quantizations(quantizations, device, dtype)
     variants = {} if variants is None else variants
     footprint_file = Path(out_dir) / "footprints.jsonl"
@@ -133,39 +115,51 @@ def footprint_sweep(models_by_role: dict[str, str], quantizations: Sequence[str]
     done = jsonl.done(footprint_file, run_id, key=lambda row: (row["model_role"], row["quantization"]))
     footprints, frames = [], []
     for model_role, spec in models_by_role.items():
+        methods = []
         for quantization in quantizations:
-            variants.pop((spec, quantization), None)  # a copy from an earlier run would blur the baseline
-            known = done.get((model_role, quantization))
-            row, rows, loaded = _measure_variant(
-                model_role, spec, quantization, prompts, dtype=dtype, device=device, double_quant=double_quant,
-                max_new_tokens=max_new_tokens, repeats=repeats, warmup=warmup, out_dir=Path(out_dir), config=config,
-                footprint=known)
-            if (spec, quantization) in keep:
-                variants[(spec, quantization)] = loaded
-            del loaded
-            if known is None:
-                row = {"run_id": run_id, **row}
+            loaded = _variant(variants, spec, quantization, dtype, device, double_quant)
+            quantize.warm_up(loaded.model)  # one-time repacking is not part of any measurement
+            row = done.get((model_role, quantization))
+            if row is None:
+                row = {"run_id": run_id, **_footprint(model_role, spec, quantization, loaded, prompts[0], dtype=dtype,
+                                                      device=device, max_new_tokens=max_new_tokens)}
                 jsonl.append(footprint_file, row)
             footprints.append(row)
-            frames.append(rows)
-    memory.free_memory()
+            methods.append(lineups.ar(loaded, max_new_tokens, name=row["variant"],
+                                      role="target AR" if model_role == "target" else "draft AR",
+                                      lossless=model_role == "target" and quantization == "none",
+                                      params={"model_role": model_role, "quantization": quantization}))
+        memory.free_memory()
+        rows = bench.run(methods, prompts, variants[(spec, quantizations[0])].tokenizer, out=Path(out_dir) / "ar.jsonl",
+                         repeats=repeats, warmup=warmup, config={**config, "role": model_role},
+                         desc=f"AR {model_role}, every quantization side by side")
+        frames.append(rows.assign(model_role=model_role,
+                                  quantization=rows.method_params.map(lambda params: params["quantization"])))
     return pd.DataFrame(footprints), pd.concat(frames, ignore_index=True)
 
 
 def footprint_table(footprints: pd.DataFrame, ar_rows: pd.DataFrame) -> pd.DataFrame:
-    """One line per (model role, quantization): memory three ways, speed, perplexity, and greedy
-    agreement with the same model unquantized ("none"), whose speed and weights are the 1.0 of the ratios."""
+    """One line per (model role, quantization): memory three ways, speed (per-token speedup over
+    the same model unquantized, side by side, with its interval), perplexity, and greedy agreement
+    with the unquantized model."""
     keys = ["model_role", "quantization"]
-    per_variant = ar_rows.groupby(keys).agg(peak_bytes=("peak_memory_bytes", "max"),
-                                            ms_per_token=("ms_per_token", "median"),
-                                            tokens_per_second=("tokens_per_second", "median"),
+    per_variant = ar_rows.groupby(keys).agg(peak_working_bytes=("peak_memory_bytes", "max"),
                                             wall_time_s=("wall_time_s", "median")).reset_index()
     table = footprints.merge(per_variant, on=keys).merge(agreement_with_unquantized(ar_rows), on=keys, how="left")
-    table["peak_above_baseline_bytes"] = table.peak_bytes - table.baseline_bytes
-    for column in ("weight_bytes", "peak_above_baseline_bytes", "kv_cache_bytes"):
+    for column in ("weight_bytes", "peak_working_bytes", "kv_cache_bytes"):
         table[column.replace("_bytes", "_mb")] = table[column] / 2**20
+    speed = []
+    for model_role, rows in ar_rows.groupby("model_role"):
+        unquantized = rows[rows.quantization == "none"].decoder.iloc[0]
+        summary = metrics.summary(rows, baseline=unquantized)
+        quantization_of = rows.drop_duplicates("decoder").set_index("decoder").quantization
+        speed.append(summary.assign(model_role=model_role, quantization=summary.index.map(quantization_of)))
+    columns = ["tokens_per_second", "ms_per_token", "speedup", "speedup_low", "speedup_high", "prompts"]
+    speed = pd.concat(speed)[keys + columns].rename(columns={"speedup": "speed_vs_unquantized",
+                                                              "speedup_low": "speed_vs_unquantized_low",
+                                                              "speedup_high": "speed_vs_unquantized_high"})
+    table = table.merge(speed, on=keys, how="left")
     unquantized = table[table.quantization == "none"].set_index("model_role")
-    table["speed_vs_unquantized"] = table.tokens_per_second / table.model_role.map(unquantized.tokens_per_second)
     table["weights_vs_unquantized"] = table.weight_bytes / table.model_role.map(unquantized.weight_bytes)
     return table
 
@@ -193,11 +187,12 @@ def needed_variants(pairs: Sequence[str], target: str, draft: str) -> set[tuple[
     return keys
 
 
-def variants_to_keep(pairs: Sequence[str], target: str, draft: str, device: str) -> set[tuple[str, str]]:
-    """On CPU the footprint sweep hands its variants on to the speculative grid: bitsandbytes
-    quantizes on the CPU slowly (about a minute for a 1.5B model on 2 cores). On a GPU loading is
-    quick and memory scarcer, so every variant is loaded when needed and freed after."""
-    return needed_variants(pairs, target, draft) if models.device_type(device) == "cpu" else set()
+def free_unneeded(variants: Variants, pairs: Sequence[str], target: str, draft: str) -> None:
+    """Drop the variants the speculative grid will not use (the footprint sweep loaded them all)."""
+    needed = needed_variants(pairs, target, draft)
+    for key in [key for key in variants if key not in needed]:
+        del variants[key]
+    memory.free_memory()
 
 
 def _variant(variants: Variants, spec: str, quantization: str, dtype: str, device: str,
@@ -252,11 +247,11 @@ def label_pairs(rows: pd.DataFrame, target_quantization: str, dtype: str, baseli
 
 
 def speculative_table(rows: pd.DataFrame, unquantized_reference: pd.DataFrame | None = None) -> pd.DataFrame:
-    """One line per pair: acceptance rate (accepted / proposed draft tokens, pooled), speedup over AR
-    of the same target variant (geometric mean over prompts of per-prompt median side-by-side
-    ratios), tokens per target forward, agreement with that target's greedy AR output, and, when
-    `unquantized_reference` (AR rows of the unquantized target) is given, agreement with the
-    unquantized target's output."""
+    """One line per pair: acceptance rate (accepted / proposed draft tokens, pooled), per-token
+    speedup over AR of the same target variant (geometric mean over prompts, 95% interval, prompt
+    count), tokens per target forward, agreement with that target's greedy AR output and, when
+    `unquantized_reference` (AR rows of the unquantized target) is given, with the unquantized
+    target's: what a user who quantizes the target cares about."""
     lines = []
     for baseline, group in rows.groupby("baseline", sort=False):
         with_agreement = metrics.add_agreement(group, reference_decoder=baseline)
@@ -265,9 +260,8 @@ def speculative_table(rows: pd.DataFrame, unquantized_reference: pd.DataFrame | 
             with_agreement = metrics.add_agreement(with_agreement, reference=reference, prefix="unquantized_")
         else:
             with_agreement["unquantized_agreement"] = float("nan")
-        speed = metrics.speedups(group, baseline)
+        speed = metrics.summary(group, baseline)
         for decoder, sub in with_agreement[with_agreement.decoder != baseline].groupby("decoder", sort=False):
-            per_prompt = speed[speed.decoder == decoder].groupby("prompt_id").speedup.median()
             accepted = sum(sum(s) for s in sub.accepted_per_step)
             proposed = sum(sum(s) for s in sub.proposed_per_step)
             first = sub[sub.repeat == 0]
@@ -276,25 +270,13 @@ def speculative_table(rows: pd.DataFrame, unquantized_reference: pd.DataFrame | 
                 "draft": sub.draft.iloc[0], "target_quantization": sub.target_quantization.iloc[0],
                 "draft_quantization": sub.draft_quantization.iloc[0], "self_draft": bool(sub.self_draft.iloc[0]),
                 "acceptance_rate": accepted / proposed if proposed else float("nan"),
-                "speedup": metrics.geometric_mean(per_prompt),
-                "speedup_min": speed[speed.decoder == decoder].speedup.min(),
-                "speedup_max": speed[speed.decoder == decoder].speedup.max(),
+                **speed.loc[decoder, ["speedup", "speedup_low", "speedup_high", "prompts", "tokens_per_second"]],
                 "tokens_per_target_forward": sub.tokens_per_target_forward.mean(),
-                "ms_per_token": sub.ms_per_token.median(),
                 "agreement_with_target": sub.agreement.mean(),
                 "full_match_rate": sub.full_match.mean(),
                 "agreement_with_unquantized": first.unquantized_agreement.mean() if len(first) else float("nan"),
             })
     return pd.DataFrame(lines)
-
-
-def speculative_speedups(rows: pd.DataFrame) -> pd.DataFrame:
-    """Long form: one speedup per (pair, prompt, repeat) over AR of the same target variant."""
-    frames = []
-    for baseline, group in rows.groupby("baseline", sort=False):
-        speed = metrics.speedups(group, baseline)
-        frames.append(speed[speed.decoder != baseline].assign(target=group.target.iloc[0]))
-    return pd.concat(frames, ignore_index=True)
 
 
 def unquantized_reference(ar_rows: pd.DataFrame, model_role: str = "target") -> pd.DataFrame:
@@ -348,7 +330,7 @@ def speculative_sentences(table: pd.DataFrame) -> list[str]:
     lines = []
     for row in table.sort_values("speedup", ascending=False).itertuples():
         line = (f"{row.pair}: acceptance {row.acceptance_rate:.0%}, {row.speedup:.2f}x over AR of the {row.target} "
-                f"target (samples {row.speedup_min:.2f}-{row.speedup_max:.2f}x), "
+                f"target (95% CI {row.speedup_low:.2f}-{row.speedup_high:.2f}x over {row.prompts} prompts), "
                 f"{row.tokens_per_target_forward:.2f} tokens per target forward, agreement with that target's "
                 f"greedy output {row.agreement_with_target:.0%}")
         if not math.isnan(row.agreement_with_unquantized):
@@ -378,9 +360,13 @@ def summary_lines(spec_table: pd.DataFrame) -> pd.DataFrame:
         "lossless": spec_table.lossless.values,
         "role": "speculative",
         "speedup": spec_table.speedup.values,
-        "tokens_per_second": 1000 / spec_table.ms_per_token.values,
+        "speedup_low": spec_table.speedup_low.values,
+        "speedup_high": spec_table.speedup_high.values,
+        "prompts": spec_table.prompts.values,
+        "tokens_per_second": spec_table.tokens_per_second.values,
         "tokens_per_target_forward": spec_table.tokens_per_target_forward.values,
         "agreement": spec_table.agreement_with_target.values,
+        "agreement_with_unquantized": spec_table.agreement_with_unquantized.values,
         "full_match_rate": spec_table.full_match_rate.values,
         "acceptance_rate": spec_table.acceptance_rate.values,
     })

@@ -12,14 +12,18 @@ from dataclasses import dataclass
 
 import pandas as pd
 
+from specdec_lab import params as parameters
+from specdec_lab.experiments.common import params_id
 from specdec_lab.runs import outputs
+from specdec_lab.runs.paths import PARAMS_DIR
 
 NOTEBOOK = "05_summary"
 
 
 @dataclass
 class Tables:
-    table: pd.DataFrame  # one line per (experiment, method)
+    table: pd.DataFrame  # one line per (experiment, method), current results only
+    stale: list[str]  # experiments whose summary.csv was made with other parameters than the profile's now
     fastest_lossless: pd.DataFrame  # per experiment, the fastest method declared lossless
     environments: pd.DataFrame  # the environments the rows were produced in
 
@@ -33,36 +37,66 @@ def fastest_lossless(table: pd.DataFrame) -> pd.DataFrame:
     return candidates.loc[candidates.groupby("experiment").speedup.idxmax()].reset_index(drop=True)
 
 
+def current_params_id(profile: str, notebook: str) -> str | None:
+    """The params id the notebook's results have when made from the profile's parameter file now
+    (the notebook's defaults overridden by the file, as papermill runs it); None without a file."""
+    path = PARAMS_DIR / profile / f"{notebook}.yaml"
+    if not path.exists():
+        return None
+    return params_id({**parameters.notebook_defaults(notebook), **parameters.load_yaml(path)})
+
+
+def split_stale(table: pd.DataFrame, profile: str) -> tuple[pd.DataFrame, list[str]]:
+    """(the lines made with the profile's current parameters, the experiments whose lines are stale)."""
+    expected = {name: current_params_id(profile, name) for name in table.experiment.unique()}
+    ids = table.params_id if "params_id" in table else pd.Series([None] * len(table))
+    current = [expected[name] is None or made_with == expected[name] for name, made_with in zip(table.experiment, ids)]
+    stale = sorted(set(table.experiment[[not keep for keep in current]]))
+    return table[current].reset_index(drop=True), stale
+
+
 def run(params: dict) -> Tables:
-    table = outputs.collect_summaries(params["results_dir"])
-    tables = Tables(table, fastest_lossless(table), outputs.environments(params["results_dir"]))
+    table, stale = split_stale(outputs.collect_summaries(params["results_dir"]), params["profile"])
+    tables = Tables(table, stale, fastest_lossless(table), outputs.environments(params["results_dir"]))
     outputs.write_headline(params["results_dir"], NOTEBOOK, headline(tables))
     return tables
 
 
 def headline(tables: Tables) -> dict:
-    return {f"fastest lossless method in {row.experiment}": f"{row.method}: {row.speedup:.2f}x"
+    return {f"fastest lossless method in {row.experiment}":
+            f"{row.method}: {row.speedup:.2f}x (95% CI {row.speedup_low:.2f}-{row.speedup_high:.2f}, {row.prompts:.0f} prompts)"
             for row in tables.fastest_lossless.itertuples()}
 
 
 def findings(tables: Tables) -> str:
+    text = ""
+    if tables.stale:
+        text += (f"Left out, made with other parameters than the profile's files now (rerun them): "
+                 f"{', '.join(tables.stale)}.\n\n")
     if tables.fastest_lossless.empty:
-        return "No experiment measured a lossless method against its AR baseline."
-    lines = [f"- {row.experiment}: **{row.method}**, **{row.speedup:.2f}x** over its AR baseline, "
+        return text + "No experiment measured a lossless method against its AR baseline."
+    lines = [f"- {row.experiment}: **{row.method}**, **{row.speedup:.2f}x** over its AR baseline "
+             f"(95% CI {row.speedup_low:.2f}-{row.speedup_high:.2f}, {row.prompts:.0f} prompts), "
              f"agreement {row.agreement:.3f}" for row in tables.fastest_lossless.itertuples()]
-    return "Fastest method declared lossless, per experiment (same prompts and baseline within each):\n" + "\n".join(lines)
+    return text + ("Fastest method declared lossless, per experiment (same prompts and baseline within each; "
+                   "per-token speedup, geometric mean over prompts):\n" + "\n".join(lines))
 
 
 def markdown_table(results_dir: str) -> str:
     """The summary as a Markdown table (the README's results table is pasted from this)."""
     table = outputs.collect_summaries(results_dir)
-    columns = ["speedup", "tokens_per_second", "tokens_per_target_forward", "agreement"]
-    lines = ["| experiment | method | lossless (declared) | speedup over AR | tokens/s | tokens per target forward "
-             "| agreement with greedy |", "|---|---|---|---|---|---|---|"]
+    columns = ["tokens_per_second", "tokens_per_target_forward", "agreement"]
+    lines = ["| experiment | method | lossless (declared) | speedup over AR (95% CI) | prompts | tokens/s "
+             "| tokens per target forward | agreement with greedy |", "|---|---|---|---|---|---|---|---|"]
+    number = lambda value: f"{value:.2f}" if pd.notna(value) else ""  # noqa: E731
     for row in table.itertuples(index=False):
-        cells = [row.experiment, row.method, "yes" if row.lossless else "no"]
-        values = [getattr(row, column, float("nan")) for column in columns]
-        cells += [f"{value:.2f}" if pd.notna(value) else "" for value in values]
+        speedup = number(row.speedup)
+        if pd.notna(getattr(row, "speedup_low", float("nan"))):
+            speedup += f" ({row.speedup_low:.2f}-{row.speedup_high:.2f})"
+        prompts = getattr(row, "prompts", float("nan"))
+        cells = [row.experiment, row.method, "yes" if row.lossless else "no", speedup,
+                 f"{prompts:.0f}" if pd.notna(prompts) else ""]
+        cells += [number(getattr(row, column, float("nan"))) for column in columns]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
 

@@ -80,9 +80,13 @@ def resolve(spec: str) -> tuple[str, dict]:
 
 
 def weight_bytes(model: torch.nn.Module) -> int:
-    """Bytes of the weights: transformers' get_memory_footprint (parameters + buffers), plus the
-    int8 weights of torch.ao dynamic-quantized Linear layers, which live in packed C++ objects
-    that are neither parameters nor buffers (get_memory_footprint alone misses them)."""
+    """Bytes of the weights as stored, everything needed to compute with them counted:
+    transformers' get_memory_footprint (parameters + buffers), plus
+    - bitsandbytes 4-bit quantization state (one absmax per block of 64 weights, fp32, or its
+      double-quantized form, and the code book): about +12% of the packed NF4 bytes;
+    - LLM.int8's per-row scales (SCB);
+    - torch.ao dynamic-quantized Linear layers' int8 weights, which live in packed C++ objects that
+      are neither parameters nor buffers (get_memory_footprint alone misses them)."""
     total = int(model.get_memory_footprint())
     for module in model.modules():
         packed = getattr(module, "_packed_params", None)
@@ -90,8 +94,21 @@ def weight_bytes(model: torch.nn.Module) -> int:
             weight, bias = packed._weight_bias()
             total += weight.numel() * weight.element_size()
             total += 0 if bias is None else bias.numel() * bias.element_size()
+        weight = getattr(module, "weight", None)
+        total += _quantization_state_bytes(getattr(weight, "quant_state", None))
+        scales = getattr(weight, "SCB", None)
+        if isinstance(scales, torch.Tensor):
+            total += scales.numel() * scales.element_size()
     return total
 
+
+def _quantization_state_bytes(state) -> int:
+    """Bytes of a bitsandbytes QuantState's tensors (absmax, code, offset), nested state included."""
+    if state is None:
+        return 0
+    tensors = [getattr(state, name, None) for name in ("absmax", "code", "offset")]
+    own = sum(t.numel() * t.element_size() for t in tensors if isinstance(t, torch.Tensor))
+    return own + _quantization_state_bytes(getattr(state, "state2", None))
 
 
 @contextlib.contextmanager

@@ -4,11 +4,16 @@ Rows are appended the moment a sample finishes, so an interrupted run loses at m
 flight, and a rerun with the same configuration skips what the file already holds. Every row
 carries a hash of the configuration it was produced with: a rerun with other parameters writes new
 rows beside the old ones and never mixes with them.
+
+The unit of work is one (prompt, repeat): every method on it, back to back, in one process. The
+rows of a ratio must come from the same process (a resumed run may land on a machine in another
+state), so a unit that an interruption left incomplete is run again whole on resume.
 """
 
 from __future__ import annotations
 
 import platform
+import uuid
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
@@ -85,22 +90,39 @@ def run(
         raise ValueError(f"repeats must be >= 1, got {repeats}")
     run_config = {"config": dict(config or {}), "decoders": sorted(names), "chat": chat}
     run_id = jsonl.config_hash(run_config)
-    done = jsonl.done(out, run_id, key=lambda row: (row["decoder"], row["prompt_id"], row["repeat"]))
-    jobs = [(p, rep, method) for p in prompts for rep in range(repeats) for method in methods
-            if (method.name, p.id, rep) not in done]
+    complete = complete_units(jsonl.rows_of_run(out, run_id), names)
+    units = [(p, rep) for p in prompts for rep in range(repeats) if (p.id, rep) not in complete]
     encoded = {p.id: encode(tokenizer, p, chat=chat) for p in prompts}
 
-    if jobs and warmup:
+    if units and warmup:
         for method in tqdm(methods, desc=f"{desc}: warm-up", leave=False):
             for _ in range(warmup):
                 method(encoded[prompts[0].id])
-    env = environment()
-    for prompt, repeat, method in tqdm(jobs, desc=desc, initial=len(done), total=len(done) + len(jobs)):
-        result = method(encoded[prompt.id])
-        jsonl.append(out, result_row(result, tokenizer, run_id=run_id, **method.labels(), prompt_id=prompt.id,
-                                     category=prompt.category, repeat=repeat, config=run_config["config"], env=env))
+    env, process = environment(), uuid.uuid4().hex[:12]
+    done = len(prompts) * repeats - len(units)
+    bar = tqdm(units, desc=desc, initial=done, total=done + len(units), unit="prompt")
+    for prompt, repeat in bar:
+        for method in methods:
+            bar.set_postfix_str(method.name)
+            result = method(encoded[prompt.id])
+            jsonl.append(out, result_row(result, tokenizer, run_id=run_id, process=process, **method.labels(),
+                                         prompt_id=prompt.id, category=prompt.category, repeat=repeat,
+                                         config=run_config["config"], env=env))
 
     # the file may hold more of this configuration (an earlier run over more prompts or repeats): not asked for now
-    wanted = {(p.id, rep) for p in prompts for rep in range(repeats)}
-    rows = [r for r in jsonl.rows_of_run(out, run_id) if (r["prompt_id"], r["repeat"]) in wanted]
+    complete = complete_units(jsonl.rows_of_run(out, run_id), names)
+    rows = [row for p in prompts for rep in range(repeats) for row in complete[(p.id, rep)]]
     return pd.DataFrame(rows)
+
+
+def complete_units(rows: list[dict], names: Sequence[str]) -> dict[tuple[str, int], list[dict]]:
+    """(prompt_id, repeat) -> the rows of its latest complete unit: every method's row, all written
+    by one process. Units an interruption left incomplete are absent (they are run again whole)."""
+    by_process: dict[tuple, dict[str, dict]] = {}
+    for row in rows:
+        by_process.setdefault((row["prompt_id"], row["repeat"], row.get("process")), {})[row["decoder"]] = row
+    complete = {}
+    for (prompt_id, repeat, _), written in by_process.items():  # in file order: a later process wins
+        if set(names) <= set(written):
+            complete[(prompt_id, repeat)] = [written[name] for name in names]
+    return complete

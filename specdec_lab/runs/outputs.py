@@ -19,8 +19,9 @@ from specdec_lab.runs.paths import experiment_dir, results_path
 
 SUMMARY_FILE = "summary.csv"
 HEADLINE_FILE = "headline.json"
-SUMMARY_COLUMNS = ["speedup", "tokens_per_second", "tokens_per_target_forward", "agreement", "full_match_rate",
-                   "acceptance_rate", "peak_memory_mb"]
+SUMMARY_COLUMNS = ["speedup", "speedup_low", "speedup_high", "prompts", "latency_ratio", "pairs_of_other_length",
+                   "tokens_per_second", "tokens_per_target_forward", "agreement", "agreement_with_unquantized",
+                   "full_match_rate", "acceptance_rate", "peak_memory_mb"]
 
 
 def write_summary(results_dir: str | Path, notebook: str, table: pd.DataFrame, **labels) -> Path:

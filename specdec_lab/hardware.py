@@ -1,0 +1,71 @@
+"""What this machine allows: its memory bandwidth, the bound it sets on decoding speed, and the
+cost of one forward pass over n tokens, T(n).
+
+Decoding one token reads every weight once, so tokens/s can never exceed
+bandwidth / bytes read per token: the roofline each measured speed is compared with. T(n) says
+what verifying n tokens at once costs against decoding one (T(n)/T(1)), the number speculative and
+Jacobi decoding live on; the speculative speedup model and the parallel-decoding break-even read it.
+"""
+
+from __future__ import annotations
+
+import time
+
+import pandas as pd
+import torch
+
+from specdec_lab.decoders.common import clock, forward, new_cache, truncate_cache
+
+
+def memory_bandwidth(megabytes: int = 512, repeats: int = 5) -> float:
+    """Bytes per second of a large tensor copy (read + write counted), best of `repeats`: what the
+    memory system delivers to torch on this machine with its current thread count."""
+    source = torch.ones(megabytes * 2**20 // 4, dtype=torch.float32)
+    target = torch.empty_like(source)
+    target.copy_(source)  # first touch: page faults are not bandwidth
+    best = float("inf")
+    for _ in range(repeats):
+        start = time.perf_counter()
+        target.copy_(source)
+        best = min(best, time.perf_counter() - start)
+    return 2 * source.numel() * source.element_size() / best
+
+
+def bytes_read_per_token(model) -> int:
+    """Weight bytes one decode step reads: every weight once, except the input embedding table
+    (one row is looked up) unless it is tied to the output head (then the head reads it all)."""
+    from specdec_lab.models import weight_bytes
+
+    total = weight_bytes(model)
+    embedding = model.get_input_embeddings().weight
+    tied = embedding is getattr(model.get_output_embeddings(), "weight", None)
+    return total if tied else total - embedding.numel() * embedding.element_size()
+
+
+def roofline_tokens_per_second(model, bandwidth: float) -> float:
+    """The memory-bandwidth bound on AR decoding: bandwidth / bytes read per token."""
+    return bandwidth / bytes_read_per_token(model)
+
+
+@torch.inference_mode()
+def forward_cost_curve(model, n_values=range(1, 33), prefix_tokens: int = 200, repeats: int = 5,
+                       token_id: int = 100) -> pd.DataFrame:
+    """T(n): median wall time (ms) of one forward over n new tokens after a `prefix_tokens` cache,
+    for each n, the cache rolled back after each pass. n values are interleaved over repeats so a
+    drift of the machine hits them alike; one untimed pass per n warms up first."""
+    device = next(model.parameters()).device
+    cache = new_cache(model)
+    forward(model, [token_id] * prefix_tokens, cache, logits_to_keep=1)
+    n_values = list(n_values)
+    times: dict[int, list[float]] = {n: [] for n in n_values}
+    for repeat in range(repeats + 1):
+        for n in n_values:
+            start = clock(device)
+            forward(model, [token_id] * n, cache, logits_to_keep=n)  # verification needs every row's logits
+            elapsed = clock(device) - start
+            truncate_cache(cache, prefix_tokens)
+            if repeat:  # the first round is the warm-up
+                times[n].append(1000 * elapsed)
+    curve = pd.DataFrame({"n": n_values, "ms": [float(pd.Series(times[n]).median()) for n in n_values]})
+    curve["relative_to_one"] = curve.ms / curve.ms[curve.n == 1].iloc[0] if 1 in n_values else float("nan")
+    return curve
