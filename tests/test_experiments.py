@@ -66,7 +66,9 @@ def test_train_config_takes_the_notebook_parameters_by_name():
 def synthetic_cllm_tables() -> cllm.Tables:
     names = [lineups.BASE_AR, lineups.BASE_JACOBI, lineups.CLLM_JACOBI]
     table = pd.DataFrame({"tokens_per_target_forward": [1.0, 1.05, 1.4], "speedup": [1.0, 0.5, 0.7],
-                          "agreement": [1.0, 1.0, 0.25], "ms_per_forward": [40.0, 80.0, 80.0]}, index=names)
+                          "agreement": [1.0, 1.0, 0.25], "ms_per_forward": [40.0, 80.0, 80.0],
+                          "speedup_low": [1.0, 0.4, 0.6], "speedup_high": [1.0, 0.6, 0.8], "prompts": [2, 2, 2]},
+                         index=names)
     both = pd.DataFrame({"prompts": ["training databases"] * 2 + ["held-out databases"] * 2,
                          "prompt_id": ["t1", "t2", "h1", "h2"]})
     return cllm.Tables(
@@ -89,6 +91,7 @@ def test_cllm_findings_say_what_the_tables_hold():
         assert expected in text, expected
     headline = cllm.headline(synthetic_cllm_tables())
     assert headline["Jacobi tokens/forward, CLLM on training prompts"] == 1.6
+    assert headline["Jacobi (CLLM) speedup over AR (per token)"] == "0.70x (95% CI 0.60-0.80, 2 prompts)"
 
 
 # --- the summary: declared properties, ranked within an experiment ---------------------------------

@@ -340,16 +340,20 @@ def speculative_sentences(table: pd.DataFrame) -> list[str]:
 
 
 def headline(tables: Tables) -> dict:
-    """The few numbers the report index shows."""
+    """The few numbers the report index shows, each speed ratio with its interval and prompt count."""
     numbers = {}
     table, spec_table = tables.footprints, tables.spec_table
     for row in table[(table.model_role == "target") & (table.quantization != "none")].itertuples():
         numbers[f"target {row.label}: weights vs unquantized"] = round(float(row.weights_vs_unquantized), 3)
-        numbers[f"target {row.label}: speed vs unquantized (x)"] = round(float(row.speed_vs_unquantized), 2)
+        numbers[f"target {row.label}: speed per token vs unquantized"] = (
+            f"{row.speed_vs_unquantized:.2f}x (95% CI {row.speed_vs_unquantized_low:.2f}-"
+            f"{row.speed_vs_unquantized_high:.2f}, {row.prompts} prompts)")
     if not spec_table.empty:
         best = spec_table.sort_values("speedup", ascending=False).iloc[0]
         numbers["fastest speculative pair"] = best.pair
-        numbers["its speedup over AR of its target (x)"] = round(float(best.speedup), 2)
+        numbers["its speedup over AR of its target"] = (f"{best.speedup:.2f}x (95% CI {best.speedup_low:.2f}-"
+                                                        f"{best.speedup_high:.2f}, {best.prompts} prompts)")
+        numbers["its agreement with the unquantized target's greedy output"] = round(float(best.agreement_with_unquantized), 3)
     return numbers
 
 

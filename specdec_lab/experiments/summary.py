@@ -101,5 +101,14 @@ def markdown_table(results_dir: str) -> str:
     return "\n".join(lines)
 
 
+def readme_results(results_dir: str) -> str:
+    """The README's results: the table, then each notebook's headline numbers, all from `results_dir`."""
+    lines = [markdown_table(results_dir), ""]
+    for path in sorted(p.parent.name for p in outputs.results_path(results_dir).glob(f"*/{outputs.HEADLINE_FILE}")):
+        numbers = outputs.read_headline(results_dir, path)
+        lines.append(f"- **{path}**: " + "; ".join(f"{name}: {value}" for name, value in numbers.items()))
+    return "\n".join(lines)
+
+
 if __name__ == "__main__":
-    print(markdown_table(sys.argv[1] if len(sys.argv) > 1 else "results/cpu"))
+    print(readme_results(sys.argv[1] if len(sys.argv) > 1 else "results/cpu"))
