@@ -4,6 +4,7 @@ each declared-lossless method reproduces AR greedy token for token."""
 
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass
 
 import pandas as pd
@@ -168,3 +169,36 @@ def control_findings(control: pd.DataFrame) -> str:
 def texts_markdown(tables: Tables) -> str:
     """The first prompt's texts, one block per method, for reading side by side."""
     return "\n\n".join(f"**{name}**\n\n```\n{text[:600]}\n```" for name, text in tables.texts.items())
+
+
+def prompt_set_of(prompt_id: str) -> str:
+    """'HumanEval/3' -> 'HumanEval', 'mtbench-81' -> 'mtbench'."""
+    return prompt_id.split("/")[0].split("-")[0]
+
+
+def markdown_by_category(results_dir: str) -> str:
+    """The per-category table of the newest run in `results_dir` (its complete prompts only): what
+    `python -m specdec_lab.experiments.speculative results/cpu` prints for the README."""
+    from specdec_lab.runs import jsonl
+
+    path = common.results_file({"results_dir": results_dir}, NOTEBOOK, "methods.jsonl")
+    rows = jsonl.read(path)
+    if not rows:
+        raise FileNotFoundError(f"no rows in {path}: run notebook 02 first")
+    newest = [row for row in rows if row["run_id"] == rows[-1]["run_id"]]
+    names = list(dict.fromkeys(row["decoder"] for row in newest))
+    complete = [row for unit in bench.complete_units(newest, names).values() for row in unit]
+    rows = metrics.add_agreement(pd.DataFrame(complete), reference_decoder=lineups.TARGET_AR)
+    # per prompt set (HumanEval, MT-bench): MT-bench's own 8 categories hold 1-2 of the prompts each
+    table = by_category(rows.assign(category=rows.prompt_id.map(prompt_set_of)))
+    lines = ["| prompts | method | speedup over AR (95% CI) | prompts | tokens/s | tokens per target forward "
+             "| agreement with greedy |", "|---|---|---|---|---|---|---|"]
+    for row in table.itertuples():
+        lines.append(f"| {row.category} | {row.method} | {row.speedup:.2f} ({row.speedup_low:.2f}-{row.speedup_high:.2f}) "
+                     f"| {row.prompts} | {row.tokens_per_second:.2f} | {row.tokens_per_target_forward:.2f} "
+                     f"| {row.agreement:.2f} |")
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    print(markdown_by_category(sys.argv[1] if len(sys.argv) > 1 else "results/cpu"))
