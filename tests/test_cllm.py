@@ -67,7 +67,16 @@ def test_records_hold_the_greedy_output_and_each_blocks_trajectory(loaded, tmp_p
             start, fixed_point = block["start"], block["fixed_point"]
             assert record["output_ids"][start: start + len(fixed_point)] == fixed_point
     found = trajectories.samples(records)
-    assert found and all(common_prefix_length(s.state, s.fixed_point) <= len(s.fixed_point) - 2 for s in found)
+    # the training states: every recorded state with a position after its first wrong token, no other
+    wanted = [(r["prompt_id"], b, i) for r in records for b, block in enumerate(r["blocks"])
+              for i, state in enumerate(block["states"])
+              if common_prefix_length(state, block["fixed_point"]) <= len(block["fixed_point"]) - 2]
+    assert found and [(s.prompt_id, s.block_index, s.iteration) for s in found] == wanted
+    for s in found:
+        block = next(r for r in records if r["prompt_id"] == s.prompt_id)["blocks"][s.block_index]
+        assert s.output_ids[s.start: s.start + len(s.fixed_point)] == s.fixed_point
+        assert s.state == block["states"][s.iteration]
+        assert s.next_state == (block["states"] + [block["fixed_point"]])[s.iteration + 1]
 
 
 def test_collection_resumes_after_an_interruption(loaded, tmp_path):
@@ -97,10 +106,12 @@ def test_collection_resumes_after_an_interruption(loaded, tmp_path):
 
 def test_other_settings_do_not_reuse_old_records(loaded, tmp_path):
     path = tmp_path / "t.jsonl"
-    collect(loaded, path, count=2)
+    first = collect(loaded, path, count=2)
     again = trajectories.collect(loaded.model, loaded.tokenizer, prompts(2), path, max_new_tokens=12, block_size=6,
                                  chat=False)
-    assert all(len(r["output_ids"]) <= 12 for r in again)
+    assert {r["run_id"] for r in again}.isdisjoint(r["run_id"] for r in first)
+    assert [r["output_ids"] for r in again] == [
+        autoregressive.generate(loaded.model, r["prompt_ids"], 12).tokens for r in again]
     assert len(path.read_text().splitlines()) == 4
 
 
@@ -145,8 +156,10 @@ def test_states_of_several_blocks_share_one_pass_without_changing_their_losses(l
 
 def test_consistency_loss_is_zero_at_the_fixed_point_and_positive_before(loaded):
     weights = losses.LossWeights()
-    at_fixed_point = losses.prompt_losses(loaded.model, [sample_at([11, 12, 13, 14, 15])], weights)
-    assert float(at_fixed_point["consistency_loss"].detach()) == 0.0
+    # wrong in its last token only: that position is not masked, but no prediction of the block is
+    # conditioned on the last token, so its distribution is the fixed point's (a misaligned row is not)
+    last_wrong = losses.prompt_losses(loaded.model, [sample_at([11, 12, 13, 14, 43])], weights)
+    assert abs(float(last_wrong["consistency_loss"].detach())) < 1e-6
     before = losses.prompt_losses(loaded.model, [sample_at([11, 40, 41, 42, 43])], weights)
     assert float(before["consistency_loss"].detach()) > 1e-4
     local = losses.prompt_losses(loaded.model, [sample_at([11, 40, 41, 42, 43])], losses.LossWeights(consistency="local"))
@@ -161,8 +174,12 @@ def test_hard_consistency_target_is_cross_entropy_on_the_fixed_point_tokens(load
     expected = torch.nn.functional.cross_entropy(state_logits[1:], torch.tensor(sample.fixed_point[1:]))
     got = losses.prompt_losses(loaded.model, [sample], hard)["consistency_loss"]
     assert torch.isclose(got, expected, atol=1e-5)
-    # at the fixed point nothing is unmasked: zero, like the soft target
-    assert float(losses.prompt_losses(loaded.model, [sample_at([11, 12, 13, 14, 15])], hard)["consistency_loss"]) == 0.0
+    # wrong in its last token only: the cross-entropy of the model's own row for that position,
+    # computed here in one plain forward pass over prompt + output up to the block's last token
+    last_wrong = losses.prompt_losses(loaded.model, [sample_at([11, 12, 13, 14, 43])], hard)["consistency_loss"]
+    with torch.no_grad():
+        row = loaded.model(torch.tensor([[3, 4, 5, 6, 20, 21, 11, 12, 13, 14]])).logits[0, -1:]
+    assert torch.isclose(last_wrong, torch.nn.functional.cross_entropy(row, torch.tensor([15])), atol=1e-5)
 
 
 def test_consistency_mask_covers_the_converged_prefix():

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+from contextlib import contextmanager
+
 import pytest
 import torch
 from transformers import LlamaForCausalLM
 
 from specdec_lab.decoders import autoregressive, jacobi
-from tiny import tiny_llama
+from specdec_lab.quality import common_prefix_length
+from tiny import copy_llama, tiny_llama
 from specdec_lab.decoders.jacobi import block_statistics, count_fixed, stationary_tokens
 from specdec_lab.result import BlockTrace, JacobiBlock
 
@@ -16,6 +19,17 @@ PROMPT = [1, 5, 9, 14, 3, 22, 7]
 
 def tiny_model(seed: int = 0, vocab: int = 48) -> LlamaForCausalLM:
     return tiny_llama(seed, vocab_size=vocab, hidden=32, weight_std=0.3, eos_token_id=None)
+
+
+@contextmanager
+def counting_forwards(model):
+    """Yields a list that gets one entry per forward pass of `model` inside the block."""
+    calls = []
+    handle = model.register_forward_pre_hook(lambda module, args: calls.append(1))
+    try:
+        yield calls
+    finally:
+        handle.remove()
 
 
 
@@ -28,9 +42,10 @@ def model():
 @pytest.mark.parametrize("init", jacobi.INITS)
 def test_jacobi_equals_greedy_ar(model, block_size, init):
     expected = autoregressive.generate(model, PROMPT, 40, stop_ids=[]).tokens
-    result = jacobi.generate(model, PROMPT, 40, block_size=block_size, init=init, stop_ids=[])
+    with counting_forwards(model) as forwards:
+        result = jacobi.generate(model, PROMPT, 40, block_size=block_size, init=init, stop_ids=[])
     assert result.tokens == expected
-    assert result.target_forwards == 1 + len(result.accepted_per_step)
+    assert result.target_forwards == len(forwards) == 1 + len(result.accepted_per_step)  # the passes really run
     # every iteration yields (accepted + 1) certain tokens, the prefill one more
     assert sum(result.accepted_per_step) + len(result.accepted_per_step) + 1 >= result.num_tokens
     assert all(p >= a + 1 for a, p in zip(result.accepted_per_step, result.proposed_per_step))
@@ -64,17 +79,22 @@ def test_stops_after_first_eos_inside_a_block(model, block_size):
 
 
 def test_blocks_record_the_trajectory_and_its_fixed_point(model):
-    result = jacobi.generate(model, PROMPT, 30, block_size=6, init="repeat_last", stop_ids=[], record_states=True)
+    with counting_forwards(model) as forwards:
+        result = jacobi.generate(model, PROMPT, 30, block_size=6, init="repeat_last", stop_ids=[], record_states=True)
     blocks = result.jacobi.traces
     assert [t for block in blocks for t in block.fixed_point] == result.tokens[: sum(len(b.fixed_point) for b in blocks)]
     for block in blocks:
         assert block.start == sum(len(b.fixed_point) for b in blocks if b.start < block.start)
-        assert all(len(state) == len(block.fixed_point) for state in block.states)
+        assert block.states[0][0] == block.fixed_point[0]  # a block starts from the token known to come next
+        # each iteration fixes exactly the correct tokens its state holds past the already fixed part
+        done = 0
+        for state, fixed in zip(block.states, block.fixed_per_iteration):
+            assert common_prefix_length(state, block.fixed_point) == done + fixed
+            done += fixed
         if block.converged:
             assert block.states[-1] == block.fixed_point
     assert len(result.jacobi.blocks) == len(blocks)
-    assert sum(b.iterations for b in result.jacobi.blocks) == len(result.accepted_per_step)
-    assert sum(b.fast_forward for b in result.jacobi.blocks) == sum(result.accepted_per_step)
+    assert 1 + sum(b.iterations for b in result.jacobi.blocks) == len(forwards)  # one pass per iteration
 
 
 def test_output_does_not_depend_on_the_initial_guess(model):
@@ -88,6 +108,43 @@ def test_max_iterations_keeps_the_output_exact(model):
     result = jacobi.generate(model, PROMPT, 30, block_size=8, max_iterations=1, stop_ids=[])
     assert result.tokens == expected
     assert max(b.iterations for b in result.jacobi.blocks) == 1
+
+
+# --- several tokens fixed in one iteration -----------------------------------------------------
+# A random tiny model fixes about one token per iteration, so bookkeeping that only matters when an
+# iteration fixes several goes unseen. COPY continues a prompt with its last three tokens, over and
+# over, and predicts each token from the one three back: once a block's first token is fixed, the
+# next three are right (and fixed together) an iteration later. It reads every token's position from
+# the KV cache, so a cache holding one entry too many or too few changes its output.
+
+COPY = copy_llama(lag=3)
+
+
+@pytest.mark.parametrize("block_size", [4, 7, 8])
+@pytest.mark.parametrize("init", jacobi.INITS)
+def test_several_tokens_fixed_in_one_iteration_stay_exact(block_size, init):
+    """Catches a cache that keeps KV entries of unfixed tokens (or of the first fixed token only),
+    and the next block's first token taken from the wrong prediction."""
+    expected = autoregressive.generate(COPY, PROMPT, 40, stop_ids=[]).tokens
+    result = jacobi.generate(COPY, PROMPT, 40, block_size=block_size, init=init, stop_ids=[], record_states=True)
+    assert result.tokens == expected
+    fixed = [trace.fixed_per_iteration for trace in result.jacobi.traces]
+    assert all(max(per_block) >= 2 for per_block in fixed), fixed  # every block fixed several at once
+    assert any(3 in per_block for per_block in fixed), fixed
+    assert all(block.fast_forward >= 2 for block in result.jacobi.blocks)
+    assert result.tokens_per_target_forward > 1.8
+
+
+def test_a_stop_token_among_several_fixed_tokens_ends_the_generation():
+    """The output continues 3, 22, 7, 3, ...; the second iteration fixes 22, 7 and 3 at once. Stopping
+    at 7 must end decoding there, not only cut the output afterwards."""
+    expected = autoregressive.generate(COPY, PROMPT, 40, stop_ids=[7]).tokens
+    assert expected == [3, 22, 7]
+    with counting_forwards(COPY) as forwards:
+        result = jacobi.generate(COPY, PROMPT, 40, block_size=7, stop_ids=[7], record_states=True)
+    assert result.tokens == expected
+    assert result.jacobi.traces[0].fixed_per_iteration == [1, 3]
+    assert result.target_forwards == len(forwards) == 3  # prefill + two iterations, nothing after the stop
 
 
 def test_count_fixed():

@@ -60,3 +60,45 @@ def opinionated_generation_config(model, suppress_tokens=(4, 5)):
         do_sample=True, temperature=0.7, top_k=5, top_p=0.9, repetition_penalty=5.0, no_repeat_ngram_size=2,
         suppress_tokens=list(suppress_tokens), bad_words_ids=[[6]], min_new_tokens=50)
     return model
+
+
+def copy_llama(lag: int, vocab_size: int = 32, scale: float = 30.0) -> LlamaForCausalLM:
+    """A hand-built one-layer Llama (fp32, eval) whose next token is the one `lag` positions back:
+    it continues any prompt by repeating the prompt's last `lag` tokens.
+
+    The single attention head has constant queries and keys (biases only), so RoPE alone decides
+    where it looks: exactly `lag - 1` positions before the current one. It reads each token's
+    position from the KV cache, so a cache entry too many or too few changes its output. `scale`
+    is the logit gap between the copied token and every other one (30: greedy and certain;
+    2: a soft distribution, peaked on a different token at every position).
+    """
+    head_dim, hidden, theta = 32, 2 * vocab_size, 100.0
+    config = LlamaConfig(
+        vocab_size=vocab_size, hidden_size=hidden, intermediate_size=8, num_hidden_layers=1,
+        num_attention_heads=1, num_key_value_heads=1, head_dim=head_dim, max_position_embeddings=1024,
+        rope_parameters={"rope_type": "default", "rope_theta": theta}, attention_bias=True,
+        tie_word_embeddings=False, bos_token_id=None, eos_token_id=None, pad_token_id=None,
+    )
+    model = LlamaForCausalLM(config).float().eval()
+    identity = torch.eye(vocab_size)
+    half = head_dim // 2
+    # the rotary angle of pair f at distance d is d * theta**(-f/half): turning the keys by
+    # (lag - 1) of those angles makes every pair's score peak together at distance lag - 1
+    angle = (lag - 1) * theta ** (-torch.arange(half, dtype=torch.float) / half)
+    with torch.no_grad():
+        for parameter in model.parameters():
+            parameter.zero_()
+        for norm in (model.model.norm, model.model.layers[0].input_layernorm,
+                     model.model.layers[0].post_attention_layernorm):
+            norm.weight.fill_(1.0)  # the MLP stays zero: it adds nothing
+        model.model.embed_tokens.weight[:, :vocab_size] = identity  # residual: one-hot token in the first half
+        attention = model.model.layers[0].self_attn
+        attention.q_proj.bias[:half] = 16.0
+        attention.k_proj.bias[:half] = 16.0 * torch.cos(angle)
+        attention.k_proj.bias[half:] = 16.0 * torch.sin(angle)
+        attention.v_proj.weight[:vocab_size, :vocab_size] = identity
+        attention.o_proj.weight[vocab_size:, :vocab_size] = identity  # the attended token, second half
+        # residual = token (1) + attended token (sqrt(hidden), from the normed input); after the final
+        # norm the latter is hidden / sqrt(1 + hidden): the head reads it, with a logit gap of `scale`
+        model.lm_head.weight[:, vocab_size:] = identity * scale * (1 + hidden) ** 0.5 / hidden
+    return model
