@@ -254,7 +254,8 @@ def speculative_table(rows: pd.DataFrame, unquantized_reference: pd.DataFrame | 
     target's: what a user who quantizes the target cares about."""
     lines = []
     for baseline, group in rows.groupby("baseline", sort=False):
-        with_agreement = metrics.add_agreement(group, reference_decoder=baseline)
+        # agreement with this target's own AR comes with the summary; with the unquantized target's, here
+        with_agreement = group.copy()
         if unquantized_reference is not None and not unquantized_reference.empty:
             reference = unquantized_reference[unquantized_reference.repeat == 0].set_index("prompt_id").tokens
             with_agreement = metrics.add_agreement(with_agreement, reference=reference, prefix="unquantized_")
@@ -272,8 +273,8 @@ def speculative_table(rows: pd.DataFrame, unquantized_reference: pd.DataFrame | 
                 "acceptance_rate": accepted / proposed if proposed else float("nan"),
                 **speed.loc[decoder, ["speedup", "speedup_low", "speedup_high", "prompts", "tokens_per_second"]],
                 "tokens_per_target_forward": sub.tokens_per_target_forward.mean(),
-                "agreement_with_target": sub.agreement.mean(),
-                "full_match_rate": sub.full_match.mean(),
+                "agreement_with_target": speed.loc[decoder, "agreement"],
+                "full_match_rate": speed.loc[decoder, "full_match_rate"],
                 "agreement_with_unquantized": first.unquantized_agreement.mean() if len(first) else float("nan"),
             })
     return pd.DataFrame(lines)

@@ -15,7 +15,7 @@ import pandas as pd
 from specdec_lab import params as parameters
 from specdec_lab.experiments.common import params_id
 from specdec_lab.runs import outputs
-from specdec_lab.runs.paths import PARAMS_DIR
+from specdec_lab.runs.paths import PARAMS_DIR, results_path
 
 NOTEBOOK = "05_summary"
 
@@ -104,7 +104,7 @@ def markdown_table(results_dir: str) -> str:
 def readme_results(results_dir: str) -> str:
     """The README's results: the table, then each notebook's headline numbers, all from `results_dir`."""
     lines = [markdown_table(results_dir), ""]
-    for path in sorted(p.parent.name for p in outputs.results_path(results_dir).glob(f"*/{outputs.HEADLINE_FILE}")):
+    for path in sorted(p.parent.name for p in results_path(results_dir).glob(f"*/{outputs.HEADLINE_FILE}")):
         numbers = outputs.read_headline(results_dir, path)
         lines.append(f"- **{path}**: " + "; ".join(f"{name}: {value}" for name, value in numbers.items()))
     return "\n".join(lines)

@@ -15,7 +15,7 @@ from pathlib import Path
 import pandas as pd
 
 from specdec_lab.runs import jsonl
-from specdec_lab.runs.paths import experiment_dir, results_path  # noqa: F401  (results_path: for callers)
+from specdec_lab.runs.paths import experiment_dir, results_path
 
 SUMMARY_FILE = "summary.csv"
 HEADLINE_FILE = "headline.json"
