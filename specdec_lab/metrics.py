@@ -166,6 +166,32 @@ def predicted_speedup(alpha: float, k: int, cost_ratio: float) -> float:
     return (1 - alpha ** (k + 1)) / ((1 - alpha) * (k * cost_ratio + 1))
 
 
+def predicted_speedup_from_costs(alpha: float, k: int, target_ms: pd.Series, draft_ms_per_token: float) -> float:
+    """Leviathan's expected tokens per step, (1 - alpha^(k+1)) / (1 - alpha), with each step's
+    measured cost: k draft tokens plus one target forward over k + 1 tokens, T(k+1), against T(1)
+    per token for AR. `target_ms` is T(n) indexed by n (linearly interpolated between measured n).
+    With T(k+1) = T(1) and draft = c * T(1) this is eq. 1 (`predicted_speedup`)."""
+    target_ms = target_ms.sort_index()
+    if 1 not in target_ms.index or not k + 1 <= target_ms.index.max():
+        raise ValueError(f"need T(1) and T(n) up to n = k + 1 = {k + 1}, measured n: {list(target_ms.index)}: "
+                         "measure the cost curve over a range that covers the draft lengths")
+
+    def cost(n: int) -> float:  # linear between measured n, never extrapolated
+        return float(np.interp(n, target_ms.index.to_numpy(dtype=float), target_ms.to_numpy(dtype=float)))
+
+    tokens = k + 1 if alpha >= 1.0 else (1 - alpha ** (k + 1)) / (1 - alpha)
+    return tokens * cost(1) / (k * draft_ms_per_token + cost(k + 1))
+
+
+def best_k_from_costs(alpha: float, target_ms: pd.Series, draft_ms_per_token: float) -> tuple[int, float]:
+    """The draft length with the highest `predicted_speedup_from_costs` among those the cost curve
+    covers (k + 1 <= the largest measured n), and that speedup."""
+    k_values = range(1, int(target_ms.index.max()))
+    predicted = {k: predicted_speedup_from_costs(alpha, k, target_ms, draft_ms_per_token) for k in k_values}
+    best = max(predicted, key=predicted.get)
+    return best, predicted[best]
+
+
 def cost_ratio(draft_ar_rows: pd.DataFrame, target_ar_rows: pd.DataFrame) -> float:
     """c = draft step time / target step time, from plain AR runs of both models (median ms/token)."""
     return float(draft_ar_rows.ms_per_token.median() / target_ar_rows.ms_per_token.median())

@@ -111,6 +111,14 @@ def _speculative_pairs(name: str, value) -> str | None:
     return None
 
 
+def _cost_curve_n(name: str, value) -> str | None:
+    if (not isinstance(value, list) or any(isinstance(v, bool) or not isinstance(v, int) for v in value)
+            or 1 not in value or value != sorted(set(value)) or min(value) < 1):
+        return (f"{name} must be a sorted list of distinct token counts >= 1 that starts with 1 (T(1) is what "
+                f"every other T(n) is compared with), got {value!r}")
+    return None
+
+
 def _model_roles(name: str, value) -> str | None:
     if not isinstance(value, list) or not value or any(v not in ("target", "draft") for v in value):
         return f"{name} must be a non-empty list drawn from ['target', 'draft'], got {value!r}"
@@ -154,6 +162,8 @@ RULES: dict[str, Callable[[str, object], str | None]] = {
     "spec_pairs": _speculative_pairs,
     "footprint_models": _model_roles,
     "footprint_repeats": _positive_int,
+    "cost_curve_n": _cost_curve_n,
+    "prompt_lookup_k": _non_negative_int,
     # 04_cllm
     "block_size": _positive_int,
     "init": _one_of(INITS),

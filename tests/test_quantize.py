@@ -30,7 +30,9 @@ VOCAB, HIDDEN, LAYERS, KV_HEADS, HEADS = 64, 64, 2, 2, 4  # tiny_llama: 2 layers
 
 LINEAR_TYPE = {"nf4": "bitsandbytes.nn.modules.Linear4bit", "fp4": "bitsandbytes.nn.modules.Linear4bit",
                "int8": "bitsandbytes.nn.modules.Linear8bitLt", "none": "torch.nn.modules.linear.Linear",
-               "torch-int8": "torch.ao.nn.quantized.dynamic.modules.linear.Linear"}
+               "torch-int8": "torch.ao.nn.quantized.dynamic.modules.linear.Linear",
+               "int8-wo": "specdec_lab.models.cpu_kernels.Int8WeightOnlyLinear",
+               "int4-wo": "specdec_lab.models.cpu_kernels.Int4WeightOnlyLinear"}
 
 
 @pytest.mark.parametrize("name", quantize.QUANTIZATIONS)

@@ -105,3 +105,53 @@ def test_speculative_grid_is_lossless_for_quantized_drafts(folders, tmp_path):
     pair = rows[rows.decoder == "target nf4 · draft fp32"]
     scores = [quality.greedy_agreement(reference[p], t).fraction for p, t in zip(pair.prompt_id, pair.tokens)]
     assert table.loc["target nf4 · draft fp32", "agreement_with_unquantized"] == pytest.approx(sum(scores) / len(scores))
+
+
+def test_grid_with_prompt_lookup_cost_curves_best_k_and_a_peer_in_the_same_run(folders, tmp_path, monkeypatch):
+    """Prompt lookup runs on every target variant; T(n) is measured for every variant the grid uses;
+    the best-k table reads them; every configuration is timed against the peer AR of the same run
+    (here a stand-in for llama.cpp: our AR of the int4 copy, marked as the llama.cpp implementation)."""
+    from specdec_lab.experiments import lineups
+    from specdec_lab.method import Method
+
+    stand_in = models.load(folders["target"], dtype="float32", quantization="int4-wo")
+
+    def fake_llama_cpp_ar(engine, like, max_new_tokens, name="llama.cpp AR (GGUF as is)", params=None):
+        ar = lineups.ar(stand_in, max_new_tokens)
+        return Method(name, ar.decode, lossless=False, role="target AR", implementation="llama.cpp")
+
+    monkeypatch.setattr(lineups, "llama_cpp_ar", fake_llama_cpp_ar)
+    pairs = ["none/int4-wo", "int8-wo/int4-wo"]
+    specs = {"target": folders["target"], "draft": folders["draft"]}
+    variants = {key: models.load(key[0], dtype="float32", quantization=key[1])
+                for key in quantized.needed_variants(pairs, folders["target"], folders["draft"])}
+    curves = quantized.cost_curves(variants, specs, "float32", [1, 2, 4, 8], repeats=1)
+    assert set(curves.variant) == {"target fp32", "target int8 weight-only", "draft int4 weight-only"}
+    assert (curves.ms > 0).all() and (curves[curves.n == 1].relative_to_one == 1.0).all()
+    rows = quantized.speculative_grid(pairs, PROMPTS, dtype="float32", device="cpu", double_quant=False, k=3,
+                                      max_new_tokens=12, repeats=1, warmup=0, out=tmp_path / "spec.jsonl",
+                                      config={}, variants=variants, prompt_lookup_k=4, engine=object(),
+                                      **{"target": folders["target"], "draft": folders["draft"]})
+    assert (rows.groupby(["baseline", "prompt_id"]).process.nunique() == 1).all()  # one run per target variant
+    reference = rows[rows.decoder == "target fp32 AR"]
+    table = quantized.speculative_table(rows, reference).set_index("pair")
+    assert set(table.source) == {"draft model", "prompt lookup"}
+    assert "target int8 weight-only · prompt lookup k=4" in table.index
+    assert (table.agreement_with_target == 1.0).all()  # fp32: lossless against each target's own AR
+    best_k = quantized.best_k_table(table.reset_index(), rows, curves).set_index("pair")
+    assert set(best_k.index) == {"target fp32 · draft int4 weight-only", "target int8 weight-only · draft int4 weight-only"}
+    t1 = curves[curves.n == 1].set_index("variant").ms
+    assert best_k.target_T1_ms.to_dict() == {"target fp32 · draft int4 weight-only": t1["target fp32"],
+                                             "target int8 weight-only · draft int4 weight-only":
+                                                 t1["target int8 weight-only"]}
+    assert (best_k.draft_T1_ms == t1["draft int4 weight-only"]).all()
+    assert best_k.best_k.between(1, 7).all()  # k + 1 within the measured n (up to 8)
+    versus = quantized.versus_llama_cpp(rows, reference).set_index("configuration")
+    assert len(versus) == 2 * 3  # per target variant: its AR, its pair, its prompt lookup
+    per_prompt = rows[rows.baseline == "target fp32 AR"].pivot_table(index="prompt_id", columns="decoder",
+                                                                      values="ms_per_token")
+    expected = metrics.geometric_mean(per_prompt["llama.cpp AR (GGUF as is)"] / per_prompt["target fp32 AR"])
+    fp32_ar = versus[versus.target == "fp32"].loc["target fp32 AR"]
+    assert fp32_ar.vs_llama_cpp == pytest.approx(expected)
+    best = quantized.fastest_lossless(versus.reset_index())
+    assert best.full_match_rate == 1.0 and best.vs_llama_cpp == versus[versus.full_match_rate == 1].vs_llama_cpp.max()

@@ -85,9 +85,15 @@ def _logits(model, token_ids: Sequence[int] | Sequence[Sequence[int]], cache: Dy
     """Logits (n, vocab) for one token list, (batch, n, vocab) for a list of equal-length lists."""
     batched = bool(token_ids) and isinstance(token_ids[0], (list, tuple))
     rows = [list(t) for t in token_ids] if batched else [list(token_ids)]
-    input_ids = torch.tensor(rows, dtype=torch.long, device=model.device)
+    input_ids = torch.tensor(rows, dtype=torch.long, device=unwrapped(model).device)
     logits = model(input_ids=input_ids, cache=cache, use_cache=True).logits
     return logits if batched else logits[0]
+
+
+def unwrapped(model):
+    """The model itself under a DistributedDataParallel (or similar) wrapper, for its config and
+    device; the forward passes still go through the wrapper, which synchronises the gradients."""
+    return getattr(model, "module", model)
 
 
 def prompt_logits(model, states: Sequence[Sample], consistency: str = "global") -> dict:
@@ -105,7 +111,7 @@ def prompt_logits(model, states: Sequence[Sample], consistency: str = "global") 
         raise ValueError("prompt_logits takes states of one prompt only (same prompt and greedy output)")
     sequence = first.prompt_ids + first.output_ids
     prompt_length = len(first.prompt_ids)
-    cache = DynamicCache(config=model.config)
+    cache = DynamicCache(config=unwrapped(model).config)
     logits = _logits(model, sequence, cache)
     per_state = []
     for start in sorted({s.start for s in states}, reverse=True):
@@ -123,7 +129,7 @@ def prompt_logits(model, states: Sequence[Sample], consistency: str = "global") 
             truncate_cache(cache, context - 1)  # after the states' pass, whose graph keeps the prefix
             with torch.no_grad():
                 targets = _logits(model, [feed(s.next_state) for s in block], cache)
-        cache.batch_select_indices(torch.tensor([0], device=model.device))  # back to the one shared prefix
+        cache.batch_select_indices(torch.tensor([0], device=unwrapped(model).device))  # back to the one shared prefix
         per_state += [(s, state_logits[i], targets[i].detach()) for i, s in enumerate(block)]
     return {"output": logits[prompt_length - 1: len(sequence) - 1], "states": per_state}
 

@@ -22,7 +22,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
-from accelerate import Accelerator
+from accelerate import Accelerator, DistributedDataParallelKwargs
 from tqdm.auto import tqdm
 
 from specdec_lab import models
@@ -169,7 +169,11 @@ def train(
     if not data:
         raise ValueError("no training states: every trajectory is degenerate or already converged; collect more prompts")
 
-    accelerator = Accelerator(cpu=cpu, mixed_precision=config.mixed_precision)
+    # Processes run different numbers of forward passes per step (their prompts have different block
+    # counts), so DDP must not broadcast buffers in every forward: that collective would wait forever
+    # for a process that has already finished its passes. The buffers here (rotary frequencies) never change.
+    accelerator = Accelerator(cpu=cpu, mixed_precision=config.mixed_precision,
+                              kwargs_handlers=[DistributedDataParallelKwargs(broadcast_buffers=False)])
     torch.manual_seed(config.seed)
     resume = checkpoints(out)[-1] if checkpoints(out) else None
     # loaded on the CPU; accelerator.prepare moves it to this process's device
@@ -205,6 +209,9 @@ def train(
                 accelerator.backward(losses["loss"] / config.grad_accumulation)
             for name in totals:
                 totals[name] += float(losses[name].detach()) / config.grad_accumulation
+        if workers > 1:  # log the loss of the whole global batch, as one process with more micro-batches would
+            means = accelerator.reduce(torch.tensor(list(totals.values()), device=accelerator.device), "mean")
+            totals = dict(zip(totals, means.tolist()))
         accelerator.clip_grad_norm_(network.parameters(), config.max_grad_norm)
         optimizer.step()
         optimizer.zero_grad()

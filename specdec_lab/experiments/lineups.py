@@ -10,7 +10,8 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
-from specdec_lab.decoders import autoregressive, draft_then_score, hf_peers, jacobi, speculative
+from specdec_lab.decoders import autoregressive, draft_then_score, hf_peers, jacobi, llama_cpp_peer, speculative
+from specdec_lab.decoders.common import stop_token_ids
 from specdec_lab.decoders.candidates import CandidateGenerator, DraftModelCandidates, PromptLookupCandidates
 from specdec_lab.method import Method
 from specdec_lab.models import LoadedModel, check_same_tokenizer, quantize
@@ -75,10 +76,34 @@ PROMPT_LOOKUP_NGRAM = 3  # ours: the longest n-gram tried (down to 1), latest oc
 TRANSFORMERS_PROMPT_LOOKUP_NGRAM = 2  # transformers' max_matching_ngram_size default; it takes the first occurrence
 
 
-def prompt_lookup(target: LoadedModel, k: int, max_new_tokens: int, sampling: Sampling = GREEDY) -> Method:
+def prompt_lookup(target: LoadedModel, k: int, max_new_tokens: int, sampling: Sampling = GREEDY,
+                  name: str | None = None, lossless: bool = True, params: dict | None = None) -> Method:
+    name = name or f"prompt lookup k={k}, n<={PROMPT_LOOKUP_NGRAM}, latest match (ours)"
     return with_candidates(target, lambda: PromptLookupCandidates(k, max_ngram=PROMPT_LOOKUP_NGRAM),
-                           max_new_tokens, sampling, f"prompt lookup k={k}, n<={PROMPT_LOOKUP_NGRAM}, latest match (ours)",
-                           {"source": "prompt lookup", "k": k, "max_ngram": PROMPT_LOOKUP_NGRAM, "match": "latest"})
+                           max_new_tokens, sampling, name,
+                           {"source": "prompt lookup", "k": k, "max_ngram": PROMPT_LOOKUP_NGRAM, "match": "latest",
+                            **(params or {})}, lossless)
+
+
+def llama_cpp_ar(engine: llama_cpp_peer.LlamaCppModel, like: LoadedModel, max_new_tokens: int,
+                 name: str = "llama.cpp AR (GGUF as is)", params: dict | None = None) -> Method:
+    """llama.cpp's greedy decoding of the GGUF file `like` was converted from, stopping on the same
+    tokens. Not lossless: its weights (Q4_K/Q6_K blocks) and arithmetic are its own."""
+    stop_ids = stop_token_ids(like.model, like.tokenizer)
+
+    def decode(prompt_ids):
+        return llama_cpp_peer.generate(engine, prompt_ids, max_new_tokens, stop_ids)
+    return Method(name, decode, lossless=False, role="speculative" if engine.prompt_lookup_tokens else "target AR",
+                  implementation="llama.cpp",
+                  params={"engine": "llama.cpp", "threads": engine.threads, **(params or {})})
+
+
+def llama_cpp_prompt_lookup(engine: llama_cpp_peer.LlamaCppModel, like: LoadedModel, max_new_tokens: int) -> Method:
+    """llama.cpp's own prompt-lookup decoding (llama-cpp-python's LlamaPromptLookupDecoding, its
+    defaults: n-grams up to 2) on the same GGUF file."""
+    k = engine.prompt_lookup_tokens
+    return llama_cpp_ar(engine, like, max_new_tokens, name=f"llama.cpp prompt lookup k={k} (GGUF as is)",
+                        params={"source": "prompt lookup", "k": k})
 
 
 def draft_then_score_method(target: LoadedModel, draft: LoadedModel, max_new_tokens: int,

@@ -16,13 +16,15 @@ from pathlib import Path
 import pandas as pd
 import torch
 
-from specdec_lab import data, memory, metrics, models, quality
+from specdec_lab import data, hardware, memory, metrics, models, quality
+from specdec_lab.decoders import llama_cpp_peer
 from specdec_lab.decoders.common import forward, new_cache
 from specdec_lab.experiments import common, lineups
 from specdec_lab.models import quantize
 from specdec_lab.runs import bench, jsonl
 
 NOTEBOOK = "03_quantized"
+LLAMA_CPP = "llama.cpp"  # the footprint sweep's "quantization" of the llama.cpp row: the GGUF file as it is
 Variants = dict  # (model spec, quantization name) -> LoadedModel, handed from the footprint sweep to the grid
 
 
@@ -31,7 +33,11 @@ class Tables:
     footprints: pd.DataFrame  # one line per (model role, quantization): memory, speed, perplexity, agreement
     ar_rows: pd.DataFrame  # AR rows of every variant
     spec_rows: pd.DataFrame  # speculative grid rows, each with its target variant's AR baseline
-    spec_table: pd.DataFrame  # one line per pair
+    spec_table: pd.DataFrame  # one line per pair (or prompt lookup) on a target variant
+    cost_curves: pd.DataFrame  # T(n) per loaded variant: variant, n, ms, relative_to_one
+    best_k: pd.DataFrame  # per draft-model pair: the k that maximizes Leviathan's speedup given T(n)
+    versus_llama_cpp: pd.DataFrame  # every configuration against llama.cpp AR of the same run
+    kernels: pd.DataFrame  # one MLP-sized Linear on each CPU backend alone: ms and GB/s (CPU only)
 
 
 def run(params: dict) -> Tables:
@@ -40,6 +46,9 @@ def run(params: dict) -> Tables:
     quantize.check_pairs(params["spec_pairs"], params["device"], params["dtype"])
     prompts = data.load_prompts(params["prompt_set"], params["num_prompts"], seed=params["seed"])
     print(f"{len(prompts)} prompts:", ", ".join(f"{p.id} ({p.category})" for p in prompts))
+    engine = load_llama_cpp(params["target"]) if params["llama_cpp"] else None
+    engine_lookup = (load_llama_cpp(params["target"], params["prompt_lookup_k"])
+                     if params["llama_cpp"] and params["prompt_lookup_k"] else None)
     out_dir = common.results_file(params, NOTEBOOK, "ar.jsonl").parent
     settings = dict(dtype=params["dtype"], device=params["device"], double_quant=params["double_quant"],
                     max_new_tokens=params["max_new_tokens"], warmup=params["warmup"], config=params)
@@ -47,14 +56,31 @@ def run(params: dict) -> Tables:
     variants: Variants = {}  # loaded models, handed from the footprint sweep to the speculative grid
     footprints, ar_rows = footprint_sweep(
         {role: specs[role] for role in params["footprint_models"]}, params["quantizations"], prompts,
-        repeats=params["footprint_repeats"], out_dir=out_dir, variants=variants, **settings)
-    table = footprint_table(footprints, ar_rows)
+        repeats=params["footprint_repeats"], out_dir=out_dir, variants=variants, engine=engine, **settings)
+    bandwidth = hardware.memory_bandwidth()
+    table = footprint_table(footprints, ar_rows, bandwidth)
+    target_variant = next((v for (spec, _), v in variants.items() if spec == params["target"]), None)
+    kernels = pd.DataFrame()
+    if models.device_type(params["device"]) == "cpu" and target_variant is not None:
+        config = target_variant.model.config
+        kernels = hardware.linear_kernel_table(config.hidden_size, config.intermediate_size,
+                                               dtype=models.parse_dtype(params["dtype"]), bandwidth=bandwidth)
     free_unneeded(variants, params["spec_pairs"], params["target"], params["draft"])
+    curves = cost_curves({key: _variant(variants, *key, params["dtype"], params["device"], params["double_quant"])
+                          for key in sorted(needed_variants(params["spec_pairs"], params["target"], params["draft"]))},
+                         specs, params["dtype"], params["cost_curve_n"], params["cost_curve_repeats"])
+    curves.to_csv(out_dir / "cost_curves.csv", index=False)
     spec_rows = speculative_grid(params["spec_pairs"], prompts, target=params["target"], draft=params["draft"],
                                  k=params["k"], repeats=params["repeats"], out=out_dir / "speculative.jsonl",
-                                 variants=variants, **settings)
-    spec_table = speculative_table(spec_rows, unquantized_reference(ar_rows, "target"))
-    tables = Tables(table, ar_rows, spec_rows, spec_table)
+                                 variants=variants, prompt_lookup_k=params["prompt_lookup_k"], engine=engine,
+                                 engine_lookup=engine_lookup, **settings)
+    reference = unquantized_reference(ar_rows, "target")
+    spec_table = speculative_table(spec_rows, reference)
+    tables = Tables(table, ar_rows, spec_rows, spec_table, curves, best_k_table(spec_table, spec_rows, curves),
+                    versus_llama_cpp(spec_rows, reference), kernels)
+    for name, frame in (("footprints.csv", table), ("best_k.csv", tables.best_k),
+                        ("versus_llama_cpp.csv", tables.versus_llama_cpp), ("kernels.csv", kernels)):
+        frame.to_csv(out_dir / name, index=False)  # what `python -m specdec_lab.experiments.quantized` prints
     common.write_outputs(params, NOTEBOOK, summary_lines(spec_table), headline(tables),
                          model=params["target"], dtype=params["dtype"])
     return tables
@@ -95,6 +121,7 @@ def _footprint(model_role: str, spec: str, quantization: str, loaded: models.Loa
         "variant": f"{model_role} {quantize.label(quantization, dtype)}",
         "label": quantize.label(quantization, dtype), "dtype": quantize.dtype_for(quantization, dtype),
         "description": quantize.describe(quantization, dtype, device), "weight_bytes": loaded.weight_bytes,
+        "bytes_read_per_token": hardware.bytes_read_per_token(loaded.model),
         "kv_cache_tokens": kv_tokens, "kv_cache_bytes": kv_cache_bytes_at(loaded.model, prompt_ids, kv_tokens),
         "perplexity": quality.text_perplexity(loaded.model, loaded.tokenizer),
         "perplexity_tokens": sum(len(ids) - 1 for ids in quality.encode_texts(loaded.tokenizer)),
@@ -103,11 +130,13 @@ def _footprint(model_role: str, spec: str, quantization: str, loaded: models.Loa
 
 def footprint_sweep(models_by_role: dict[str, str], quantizations: Sequence[str], prompts, *, dtype: str,
                     device: str, double_quant: bool, max_new_tokens: int, repeats: int, warmup: int,
-                    out_dir: Path, config: dict, variants: Variants | None = None) -> tuple[pd.DataFrame, pd.DataFrame]:
+                    out_dir: Path, config: dict, variants: Variants | None = None,
+                    engine: llama_cpp_peer.LlamaCppModel | None = None) -> tuple[pd.DataFrame, pd.DataFrame]:
     """For each model (role -> spec): load every quantization (into `variants`, where the
     speculative grid finds them), measure what each stores (footprints.jsonl), then time greedy AR of
-    all of them side by side in one benchmark run, interleaved like every other ratio. Returns
-    (footprints, AR rows). A rerun resumes from footprints.jsonl and ar.jsonl."""
+    all of them side by side in one benchmark run, interleaved like every other ratio; with `engine`,
+    llama.cpp's AR on the target's GGUF file runs in the target's run too. Returns (footprints, AR
+    rows). A rerun resumes from footprints.jsonl and ar.jsonl."""
     quantize.check_quantizations(quantizations, device, dtype)
     variants = {} if variants is None else variants
     footprint_file = Path(out_dir) / "footprints.jsonl"
@@ -129,6 +158,11 @@ def footprint_sweep(models_by_role: dict[str, str], quantizations: Sequence[str]
                                       role="target AR" if model_role == "target" else "draft AR",
                                       lossless=model_role == "target" and quantization == "none",
                                       params={"model_role": model_role, "quantization": quantization}))
+        if engine is not None and model_role == "target":
+            footprints.append(_llama_cpp_footprint(engine, dtype))
+            methods.append(lineups.llama_cpp_ar(engine, variants[(spec, quantizations[0])], max_new_tokens,
+                                                name=footprints[-1]["variant"],
+                                                params={"model_role": model_role, "quantization": LLAMA_CPP}))
         memory.free_memory()
         rows = bench.run(methods, prompts, variants[(spec, quantizations[0])].tokenizer, out=Path(out_dir) / "ar.jsonl",
                          repeats=repeats, warmup=warmup, config={**config, "role": model_role},
@@ -138,10 +172,51 @@ def footprint_sweep(models_by_role: dict[str, str], quantizations: Sequence[str]
     return pd.DataFrame(footprints), pd.concat(frames, ignore_index=True)
 
 
-def footprint_table(footprints: pd.DataFrame, ar_rows: pd.DataFrame) -> pd.DataFrame:
+def load_llama_cpp(spec: str, prompt_lookup_tokens: int = 0) -> llama_cpp_peer.LlamaCppModel:
+    """llama.cpp on the GGUF file a zoo model (or a .gguf spec) comes from, on torch's thread count;
+    with prompt_lookup_tokens > 0, decoding with the binding's prompt lookup."""
+    if spec in models.zoo.ZOO:
+        return llama_cpp_peer.load(models.zoo.assemble_gguf(spec), prompt_lookup_tokens=prompt_lookup_tokens)
+    if str(spec).endswith(".gguf"):
+        return llama_cpp_peer.load(spec, prompt_lookup_tokens=prompt_lookup_tokens)
+    raise ValueError(f"llama_cpp: true needs a GGUF file to run, but target {spec!r} is neither a zoo name nor a "
+                     ".gguf path: set llama_cpp: false, or give the target as a .gguf file")
+
+
+def _llama_cpp_footprint(engine: llama_cpp_peer.LlamaCppModel, dtype: str) -> dict:
+    """The llama.cpp row of the footprint table: the GGUF file's bytes (it is memory-mapped and used
+    as it is); the KV cache and perplexity are not measured through the binding."""
+    kind = gguf_kind(engine.path.name)
+    return {"model_role": "target", "model": engine.path.name, "quantization": LLAMA_CPP,
+            "variant": f"target llama.cpp ({kind})", "label": f"llama.cpp {kind}", "dtype": "gguf",
+            "description": (f"llama.cpp {llama_cpp_peer.PACKAGE.split('==')[1]} running the GGUF file as it is "
+                            f"(its own 4/6-bit block formats and kernels), {engine.threads} threads"),
+            "weight_bytes": engine.weight_bytes, "bytes_read_per_token": gguf_bytes_read_per_token(engine.path),
+            "kv_cache_tokens": float("nan"), "kv_cache_bytes": float("nan"),
+            "perplexity": float("nan"), "perplexity_tokens": float("nan")}
+
+
+def gguf_kind(file_name: str) -> str:
+    """'qwen2.5-coder-1.5b-instruct-q4_k_m.gguf' -> 'Q4_K_M', 'SmolLM2-135M-Instruct.Q4_1.gguf' -> 'Q4_1'."""
+    found = re.search(r"q\d+(_[a-z0-9]+)*(?=\.gguf$)", file_name, re.IGNORECASE)
+    return found.group(0).upper() if found else "GGUF"
+
+
+def gguf_bytes_read_per_token(path: Path) -> int:
+    """Bytes of a GGUF's tensors that one decode step reads: all of them but the token-embedding
+    table, unless the file has no separate output matrix (then the tied table is the output head)."""
+    import gguf
+
+    sizes = {tensor.name: int(tensor.n_bytes) for tensor in gguf.GGUFReader(str(path)).tensors}
+    embedding = sizes.get("token_embd.weight", 0)
+    return sum(sizes.values()) - (embedding if "output.weight" in sizes else 0)
+
+
+def footprint_table(footprints: pd.DataFrame, ar_rows: pd.DataFrame, bandwidth: float | None = None) -> pd.DataFrame:
     """One line per (model role, quantization): memory three ways, speed (per-token speedup over
-    the same model unquantized, side by side, with its interval), perplexity, and greedy agreement
-    with the unquantized model."""
+    the same model unquantized, side by side, with its interval), perplexity, greedy agreement
+    with the unquantized model and, given the memory `bandwidth` (bytes/s), the roofline: the
+    tokens/s that reading the weights once per token allows, and the fraction of it reached."""
     keys = ["model_role", "quantization"]
     per_variant = ar_rows.groupby(keys).agg(peak_working_bytes=("peak_memory_bytes", "max"),
                                             wall_time_s=("wall_time_s", "median")).reset_index()
@@ -161,6 +236,9 @@ def footprint_table(footprints: pd.DataFrame, ar_rows: pd.DataFrame) -> pd.DataF
     table = table.merge(speed, on=keys, how="left")
     unquantized = table[table.quantization == "none"].set_index("model_role")
     table["weights_vs_unquantized"] = table.weight_bytes / table.model_role.map(unquantized.weight_bytes)
+    if bandwidth and "bytes_read_per_token" in table:
+        table["bound_tokens_per_second"] = bandwidth / table.bytes_read_per_token
+        table["fraction_of_bound"] = table.tokens_per_second / table.bound_tokens_per_second
     return table
 
 
@@ -204,11 +282,16 @@ def _variant(variants: Variants, spec: str, quantization: str, dtype: str, devic
 
 def speculative_grid(pairs: Sequence[str], prompts, *, target: str, draft: str, dtype: str, device: str,
                      double_quant: bool, k: int, max_new_tokens: int, repeats: int, warmup: int, out: Path,
-                     config: dict, variants: Variants | None = None) -> pd.DataFrame:
+                     config: dict, variants: Variants | None = None, prompt_lookup_k: int = 0,
+                     engine: llama_cpp_peer.LlamaCppModel | None = None,
+                     engine_lookup: llama_cpp_peer.LlamaCppModel | None = None) -> pd.DataFrame:
     """Every pair, grouped by target variant; each group is one bench run (AR + its pairs side by
-    side). Variants come from `variants` or are loaded into it; a target variant is freed after its
-    group unless a later pair drafts with it, so one target variant is in memory at a time and each
-    draft variant is loaded once. Resumable through `out`."""
+    side, + prompt lookup on that target when `prompt_lookup_k` > 0, + llama.cpp's AR when `engine`
+    is given, so every configuration is timed against llama.cpp in the same run, + llama.cpp's
+    prompt lookup when `engine_lookup` is given). Variants come from
+    `variants` or are loaded into it; a target variant is freed after its group unless a later pair
+    drafts with it, so one target variant is in memory at a time and each draft variant is loaded
+    once. Resumable through `out`."""
     parsed = quantize.check_pairs(pairs, device, dtype)
     variants = {} if variants is None else variants
     by_target: dict[str, list[quantize.Pair]] = {}
@@ -221,6 +304,15 @@ def speculative_grid(pairs: Sequence[str], prompts, *, target: str, draft: str, 
         target_model = variant(target, target_quantization)
         drafts = [(pair, variant(target if pair.self_draft else draft, pair.draft)) for pair in group]
         methods = lineups.quantized_pairs(target_model, drafts, k, max_new_tokens, dtype)
+        if prompt_lookup_k:
+            methods.append(lineups.prompt_lookup(
+                target_model, prompt_lookup_k, max_new_tokens, lossless=target_quantization == "none",
+                name=f"target {quantize.label(target_quantization, dtype)} · prompt lookup k={prompt_lookup_k}",
+                params={"target_quantization": target_quantization}))
+        if engine is not None:
+            methods.append(lineups.llama_cpp_ar(engine, target_model, max_new_tokens))
+        if engine_lookup is not None:
+            methods.append(lineups.llama_cpp_prompt_lookup(engine_lookup, target_model, max_new_tokens))
         rows = bench.run(methods, prompts, target_model.tokenizer, out=out, repeats=repeats, warmup=warmup,
                          config={**config, "target_quantization": target_quantization},
                          desc=f"target {quantize.label(target_quantization, dtype)}")
@@ -235,7 +327,7 @@ def speculative_grid(pairs: Sequence[str], prompts, *, target: str, draft: str, 
 def label_pairs(rows: pd.DataFrame, target_quantization: str, dtype: str, baseline: str) -> pd.DataFrame:
     """Columns the tables and plots group by, from each method's recorded parameters."""
     pair_of = lambda params: quantize.Pair(params["target_quantization"], params["draft_quantization"],  # noqa: E731
-                                           params["self_draft"]) if params else None
+                                           params["self_draft"]) if "draft_quantization" in (params or {}) else None
     pairs = rows.method_params.map(pair_of)
     return rows.assign(
         target_quantization=target_quantization, target=quantize.label(target_quantization, dtype),
@@ -262,12 +354,17 @@ def speculative_table(rows: pd.DataFrame, unquantized_reference: pd.DataFrame | 
         else:
             with_agreement["unquantized_agreement"] = float("nan")
         speed = metrics.summary(group, baseline)
-        for decoder, sub in with_agreement[with_agreement.decoder != baseline].groupby("decoder", sort=False):
+        # our candidate sources on this target; llama.cpp's rows are compared in `versus_llama_cpp` instead
+        # (a ratio of its prompt lookup to our AR would mix two engines in one "speedup")
+        candidates = with_agreement[(with_agreement.decoder != baseline) & (with_agreement.role == "speculative")
+                                    & (with_agreement.implementation != "llama.cpp")]
+        for decoder, sub in candidates.groupby("decoder", sort=False):
             accepted = sum(sum(s) for s in sub.accepted_per_step)
             proposed = sum(sum(s) for s in sub.proposed_per_step)
             first = sub[sub.repeat == 0]
             lines.append({
                 "pair": decoder, "lossless": bool(sub.lossless.iloc[0]), "target": sub.target.iloc[0],
+                "source": sub.method_params.iloc[0].get("source"), "k": sub.method_params.iloc[0].get("k"),
                 "draft": sub.draft.iloc[0], "target_quantization": sub.target_quantization.iloc[0],
                 "draft_quantization": sub.draft_quantization.iloc[0], "self_draft": bool(sub.self_draft.iloc[0]),
                 "acceptance_rate": accepted / proposed if proposed else float("nan"),
@@ -277,6 +374,93 @@ def speculative_table(rows: pd.DataFrame, unquantized_reference: pd.DataFrame | 
                 "full_match_rate": speed.loc[decoder, "full_match_rate"],
                 "agreement_with_unquantized": first.unquantized_agreement.mean() if len(first) else float("nan"),
             })
+    return pd.DataFrame(lines)
+
+
+def versus_llama_cpp(rows: pd.DataFrame, unquantized: pd.DataFrame | None = None) -> pd.DataFrame:
+    """Every configuration of every target variant (its AR, its pairs, its prompt lookup) against
+    llama.cpp's AR timed in the same run: per-token speed ratio (geometric mean over prompts, 95%
+    interval), tokens/s, and agreement with that target's own greedy output (1.0 on every prompt =
+    lossless for that backend) and with the unquantized target's. Empty without llama.cpp rows."""
+    lines = []
+    for baseline, group in rows.groupby("baseline", sort=False):
+        engine_rows = group[(group.implementation == "llama.cpp") & (group.role == "target AR")]
+        if engine_rows.empty:
+            continue
+        llama = engine_rows.decoder.iloc[0]
+        role_of = group.drop_duplicates("decoder").set_index("decoder").role
+        table = metrics.summary(group, baseline=llama, reference=baseline)
+        against_unquantized = (metrics.add_agreement(group, reference=unquantized[unquantized.repeat == 0]
+                                                     .set_index("prompt_id").tokens, prefix="unquantized_")
+                               if unquantized is not None and not unquantized.empty else None)
+        for decoder, line in table.drop(index=llama).iterrows():
+            first = None if against_unquantized is None else against_unquantized[
+                (against_unquantized.decoder == decoder) & (against_unquantized.repeat == 0)]
+            lines.append({
+                "configuration": decoder, "target": group.target.iloc[0], "role": role_of[decoder],
+                "implementation": group[group.decoder == decoder].implementation.iloc[0],
+                "vs_llama_cpp": line.speedup, "vs_llama_cpp_low": line.speedup_low,
+                "vs_llama_cpp_high": line.speedup_high, "prompts": line.prompts,
+                "tokens_per_second": line.tokens_per_second,
+                "llama_cpp_tokens_per_second": table.loc[llama, "tokens_per_second"],
+                "agreement_with_target": line.agreement, "full_match_rate": line.full_match_rate,
+                "agreement_with_unquantized": first.unquantized_agreement.mean() if first is not None else float("nan"),
+            })
+    return pd.DataFrame(lines)
+
+
+def fastest_lossless(versus: pd.DataFrame) -> pd.Series | None:
+    """The fastest configuration whose output equalled its own target backend's greedy output on
+    every prompt (measured, not declared), or None."""
+    if versus.empty:
+        return None
+    exact = versus[(versus.full_match_rate == 1.0) & (versus.implementation != "llama.cpp") & versus.vs_llama_cpp.notna()]
+    return None if exact.empty else exact.loc[exact.vs_llama_cpp.idxmax()]
+
+
+# --- the cost of verifying n tokens, per backend --------------------------------------------------------
+
+def variant_name(spec: str, quantization: str, specs: dict, dtype: str) -> str:
+    """'target int4 weight-only', 'draft bf16': how curves and pairs name a loaded variant."""
+    role = next((role for role, name in specs.items() if name == spec), spec)
+    return f"{role} {quantize.label(quantization, dtype)}"
+
+
+def cost_curves(loaded: dict, specs: dict, dtype: str, n_values: Sequence[int], repeats: int) -> pd.DataFrame:
+    """T(n) of every loaded (spec, quantization) variant: one forward over n tokens after a
+    200-token cache (`hardware.forward_cost_curve`, the curve notebooks 01 and 04 use)."""
+    frames = []
+    for (spec, quantization), variant in loaded.items():
+        curve = hardware.forward_cost_curve(variant.model, n_values, repeats=repeats)
+        frames.append(curve.assign(variant=variant_name(spec, quantization, specs, dtype), quantization=quantization,
+                                   model=spec))
+    return pd.concat(frames, ignore_index=True)
+
+
+def best_k_table(spec_table: pd.DataFrame, rows: pd.DataFrame, curves: pd.DataFrame) -> pd.DataFrame:
+    """Per draft-model pair: alpha counted from the tokens it proposed, and, from the target
+    variant's T(n) and the draft variant's T(1), the k that maximizes Leviathan's expected speedup
+    beside the prediction at the k that was run and the measured speedup there."""
+    lines = []
+    for line in spec_table[spec_table.source == "draft model"].itertuples():
+        sub = rows[rows.decoder == line.pair]
+        alpha = metrics.acceptance_alpha(sub.accepted_per_step, sub.proposed_per_step)
+        target_curve = curves[curves.variant == f"target {line.target}"].set_index("n").ms
+        label = line.draft[len("self "):] if line.self_draft else line.draft
+        # a draft that is the target's model (self-drafts; target == draft) is named after the target
+        names = [f"target {label}"] if line.self_draft else [f"draft {label}", f"target {label}"]
+        draft_curve_name = next((n for n in names if (curves.variant == n).any()), names[0])
+        draft_curve = curves[curves.variant == draft_curve_name].set_index("n").ms
+        if target_curve.empty or draft_curve.empty:
+            continue
+        draft_ms = float(draft_curve.loc[1])  # the cost_curve_n rule makes n = 1 part of every curve
+        best_k, best = metrics.best_k_from_costs(alpha, target_curve, draft_ms)
+        lines.append({"pair": line.pair, "alpha": alpha, "k_run": line.k, "measured_speedup": line.speedup,
+                      "predicted_at_k_run": metrics.predicted_speedup_from_costs(alpha, int(line.k), target_curve,
+                                                                                 draft_ms),
+                      "best_k": best_k, "predicted_at_best_k": best,
+                      "target_T1_ms": float(target_curve.loc[1]), "draft_T1_ms": draft_ms,
+                      "draft_curve": draft_curve_name})
     return pd.DataFrame(lines)
 
 
@@ -298,7 +482,7 @@ def tradeoff_sentences(table: pd.DataFrame) -> list[str]:
     """For each quantized variant: how much smaller its weights are and how its speed compares with
     the unquantized model, in words, e.g. 'saves memory but costs speed'."""
     sentences = []
-    for row in table[table.quantization != "none"].itertuples():
+    for row in table[~table.quantization.isin(["none", LLAMA_CPP])].itertuples():
         smaller = 1 - row.weights_vs_unquantized
         faster = row.speed_vs_unquantized
         size = f"{smaller:.0%} smaller" if smaller >= 0 else f"{-smaller:.0%} larger"
@@ -340,6 +524,43 @@ def speculative_sentences(table: pd.DataFrame) -> list[str]:
     return lines
 
 
+def limit_sentences(tables: Tables) -> list[str]:
+    """How close each AR backend comes to the memory-bandwidth bound, what verifying 8 tokens costs
+    on each, and the fastest lossless configuration against llama.cpp (computed, never typed)."""
+    lines = []
+    table = tables.footprints[tables.footprints.model_role == "target"]
+    if "fraction_of_bound" in table:
+        for row in table.itertuples():
+            lines.append(f"{row.variant}: {row.tokens_per_second:.1f} tokens/s, {row.fraction_of_bound:.0%} of the "
+                         f"bandwidth bound ({row.bound_tokens_per_second:.1f} tokens/s for "
+                         f"{row.bytes_read_per_token / 2**20:,.0f} MB read per token).")
+    if not tables.kernels.empty:
+        for row in tables.kernels[tables.kernels.rows == 1].itertuples():
+            lines.append(f"{row.kernel}, one {row.weight_mb:.1f} MB MLP matrix alone, one row: {row.ms:.2f} ms, "
+                         f"{row.gb_per_s:.1f} GB/s = {row.fraction_of_bandwidth:.0%} of the copy bandwidth.")
+    curves = tables.cost_curves
+    if not curves.empty and {1, 8} <= set(curves.n):
+        for variant, curve in curves.groupby("variant", sort=False):
+            ms = curve.set_index("n").ms
+            lines.append(f"{variant}: T(1) = {ms[1]:.0f} ms, T(8) = {ms[8]:.0f} ms: verifying 8 tokens costs "
+                         f"{ms[8] / ms[1]:.1f}x one.")
+    for row in tables.best_k.itertuples():
+        lines.append(f"{row.pair}: alpha {row.alpha:.2f}; at k={int(row.k_run)} predicted {row.predicted_at_k_run:.2f}x, "
+                     f"measured {row.measured_speedup:.2f}x; the cost curve's best k is {row.best_k} "
+                     f"(predicted {row.predicted_at_best_k:.2f}x).")
+    best = fastest_lossless(tables.versus_llama_cpp)
+    if best is not None:
+        verdict = "at least as fast as" if best.vs_llama_cpp_low >= 1 else (
+            "level with" if best.vs_llama_cpp_high >= 1 else "slower than")
+        lines.append(f"Fastest configuration that equalled its own target's greedy output on every prompt: "
+                     f"{best.configuration}, {best.tokens_per_second:.1f} tokens/s = {best.vs_llama_cpp:.2f}x llama.cpp's "
+                     f"AR in the same run (95% CI {best.vs_llama_cpp_low:.2f}-{best.vs_llama_cpp_high:.2f}, "
+                     f"{int(best.prompts)} prompts; llama.cpp {best.llama_cpp_tokens_per_second:.1f} tokens/s): "
+                     f"{verdict} llama.cpp. Its agreement with the unquantized target's greedy output: "
+                     f"{best.agreement_with_unquantized:.0%}.")
+    return lines
+
+
 def headline(tables: Tables) -> dict:
     """The few numbers the report index shows, each speed ratio with its interval and prompt count."""
     numbers = {}
@@ -353,8 +574,14 @@ def headline(tables: Tables) -> dict:
         best = spec_table.sort_values("speedup", ascending=False).iloc[0]
         numbers["fastest speculative pair"] = best.pair
         numbers["its speedup over AR of its target"] = (f"{best.speedup:.2f}x (95% CI {best.speedup_low:.2f}-"
-                                                        f"{best.speedup_high:.2f}, {best.prompts} prompts)")
+                                                        f"{best.speedup_high:.2f}, {int(best.prompts)} prompts)")
         numbers["its agreement with the unquantized target's greedy output"] = round(float(best.agreement_with_unquantized), 3)
+    fastest = fastest_lossless(tables.versus_llama_cpp)
+    if fastest is not None:
+        numbers["fastest lossless configuration (own target backend)"] = fastest.configuration
+        numbers["its speed vs llama.cpp AR"] = (f"{fastest.vs_llama_cpp:.2f}x (95% CI {fastest.vs_llama_cpp_low:.2f}-"
+                                                f"{fastest.vs_llama_cpp_high:.2f}, {int(fastest.prompts)} prompts)")
+        numbers["its agreement with the unquantized target"] = round(float(fastest.agreement_with_unquantized), 3)
     return numbers
 
 
@@ -375,3 +602,45 @@ def summary_lines(spec_table: pd.DataFrame) -> pd.DataFrame:
         "full_match_rate": spec_table.full_match_rate.values,
         "acceptance_rate": spec_table.acceptance_rate.values,
     })
+
+
+def markdown_tables(results_dir: str) -> str:
+    """The backends against their bandwidth bound, T(n) per backend and every configuration against
+    llama.cpp, from the CSV files the last run of notebook 03 wrote: what
+    `python -m specdec_lab.experiments.quantized results/cpu` prints for the README."""
+    folder = common.results_file({"results_dir": results_dir}, NOTEBOOK, "footprints.csv").parent
+    if not (folder / "footprints.csv").exists():
+        raise FileNotFoundError(f"no footprints.csv in {folder}: run notebook 03 first")
+    footprints = pd.read_csv(folder / "footprints.csv")
+    try:
+        versus = pd.read_csv(folder / "versus_llama_cpp.csv")
+    except pd.errors.EmptyDataError:  # a run without llama.cpp
+        versus = pd.DataFrame()
+    curves = pd.read_csv(folder / "cost_curves.csv")
+    lines = ["| AR backend (target) | weights MB | tokens/s | speed vs unquantized (95% CI) | bandwidth bound tokens/s | "
+             "fraction of bound | agreement with unquantized greedy |", "|---|---|---|---|---|---|---|"]
+    for row in footprints[footprints.model_role == "target"].itertuples():
+        bound = getattr(row, "bound_tokens_per_second", float("nan"))
+        fraction = getattr(row, "fraction_of_bound", float("nan"))
+        lines.append(f"| {row.variant} | {row.weight_mb:,.0f} | {row.tokens_per_second:.2f} | "
+                     f"{row.speed_vs_unquantized:.2f} ({row.speed_vs_unquantized_low:.2f}-{row.speed_vs_unquantized_high:.2f}, "
+                     f"{int(row.prompts)} prompts) | {bound:.1f} | {fraction:.0%} | {row.agreement:.2f} |")
+    lines += ["", "| variant | " + " | ".join(f"T({n}) ms" for n in sorted(curves.n.unique())) + " |",
+              "|---|" + "---|" * curves.n.nunique()]
+    for variant, curve in curves.groupby("variant", sort=False):
+        lines.append(f"| {variant} | " + " | ".join(f"{ms:.0f}" for ms in curve.sort_values("n").ms) + " |")
+    if not versus.empty:
+        lines += ["", "| configuration | tokens/s | vs llama.cpp AR, same run (95% CI) | llama.cpp tokens/s | "
+                  "agreement with own target | with unquantized target |", "|---|---|---|---|---|---|"]
+        for row in versus.itertuples():
+            lines.append(f"| {row.configuration} | {row.tokens_per_second:.2f} | {row.vs_llama_cpp:.2f} "
+                         f"({row.vs_llama_cpp_low:.2f}-{row.vs_llama_cpp_high:.2f}, {int(row.prompts)} prompts) | "
+                         f"{row.llama_cpp_tokens_per_second:.2f} | {row.agreement_with_target:.2f} | "
+                         f"{row.agreement_with_unquantized:.2f} |")
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    import sys
+
+    print(markdown_tables(sys.argv[1] if len(sys.argv) > 1 else "results/cpu"))

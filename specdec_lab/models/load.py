@@ -134,9 +134,11 @@ def load(
     device: str = "cpu",
     quantization: str = "none",
     double_quant: bool = False,
+    fast_cpu_linear: bool = True,
 ) -> LoadedModel:
     """Load model + tokenizer in eval mode, quantized with one of `quantize.QUANTIZATIONS`.
-    `device='auto'` spreads the model with accelerate."""
+    `device='auto'` spreads the model with accelerate. On CPU in bf16/fp16, the Linear layers that
+    stay unquantized compute W @ x^T (`cpu_kernels.WeightLeftLinear`) unless fast_cpu_linear=False."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from specdec_lab.models import quantize
@@ -166,6 +168,12 @@ def load(
             ) from error
     if quantization == "torch-int8":
         model = quantize.torch_int8(model)
+    if quantization in quantize.WEIGHT_ONLY_BITS:
+        model = quantize.weight_only(model, quantization)
+    if device_type(device) == "cpu" and torch_dtype != torch.float32 and fast_cpu_linear:
+        from specdec_lab.models.cpu_kernels import use_weight_left_linear
+
+        use_weight_left_linear(model)  # bf16 decoding 1.2-1.7x faster a step here (see cpu_kernels)
     if quantization != "none" and device_type(device) == "cpu":
         quantize.own_float_tensors(model)
         gc.collect()  # the replaced float modules sit in reference cycles; free them (and the mapping) now

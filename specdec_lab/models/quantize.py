@@ -7,6 +7,9 @@ here, and how it is applied while loading (`load.load(spec, quantization=...)`).
 - "int8": bitsandbytes LLM.int8 (int8 weights; activation columns with outliers kept in fp16).
 - "torch-int8": torch.ao dynamic quantization: int8 Linear weights, activations quantized per
   call, everything else float32 (a CPU backend).
+- "int8-wo", "int4-wo": weight-only int8 (per row) / int4 (groups of 32) Linear weights on torch's
+  native CPU kernels, activations and everything else in `dtype` (see `weight_only`; the LM head is
+  int8 in both).
 
 A speculative `Pair` names a target quantization and a draft one ("none/nf4"), or the target's
 own quantized copy as its draft ("none/self-torch-int8").
@@ -23,16 +26,20 @@ import torch
 
 from specdec_lab.models.load import DTYPE_LABELS, device_type, parse_dtype
 
-QUANTIZATIONS = ("none", "nf4", "fp4", "int8", "torch-int8")
+QUANTIZATIONS = ("none", "nf4", "fp4", "int8", "torch-int8", "int8-wo", "int4-wo")
 BITSANDBYTES_QUANTIZATIONS = ("nf4", "fp4", "int8")  # "int8" = LLM.int8 (int8 weights, fp16 outliers)
-LABELS = {"none": None, "nf4": "nf4", "fp4": "fp4", "int8": "LLM.int8", "torch-int8": "torch-int8"}
+LABELS = {"none": None, "nf4": "nf4", "fp4": "fp4", "int8": "LLM.int8", "torch-int8": "torch-int8",
+          "int8-wo": "int8 weight-only", "int4-wo": "int4 weight-only"}
+WEIGHT_ONLY_BITS = {"int8-wo": 8, "int4-wo": 4}  # torch's native CPU kernels (see weight_only)
+INT4_GROUP_SIZE = 32
 SELF = "self-"  # a draft spelled "self-<name>" is the target's own copy quantized with <name>
 
 
 def check_name(name: str) -> str:
     if name not in QUANTIZATIONS:
         raise ValueError(f"unknown quantization {name!r}: use one of {QUANTIZATIONS} "
-                         "(int8 = bitsandbytes LLM.int8, torch-int8 = torch.ao dynamic int8, CPU only)")
+                         "(int8 = bitsandbytes LLM.int8, torch-int8 = torch.ao dynamic int8, int8-wo / int4-wo = "
+                         "torch's weight-only CPU kernels)")
     return name
 
 
@@ -61,6 +68,11 @@ def describe(quantization: str, dtype: str, device: str) -> str:
     if quantization == "int8":
         return (f"LLM.int8: int8 weights, activations quantized per row to int8, outlier columns (|x| > 6) "
                 f"in fp16; the rest of the model (attention, norms, KV cache) in {compute}")
+    if quantization in WEIGHT_ONLY_BITS:
+        layout = ("int8, one scale per output row" if quantization == "int8-wo"
+                  else f"int4, groups of {INT4_GROUP_SIZE} with a scale and a zero each")
+        return (f"weight-only {layout} (LM head int8), widened inside torch's CPU matmul kernel; activations, "
+                f"embeddings, norms, attention and the KV cache in {compute}")
     return ("torch.ao dynamic int8: int8 Linear weights, activations quantized per call; embeddings, norms, "
             "attention and the KV cache in fp32")
 
@@ -111,6 +123,9 @@ def check_quantization(quantization: str, dtype: torch.dtype, device: str, doubl
         if dtype != torch.float32:
             raise ValueError(f"quantization 'torch-int8' multiplies float32 activations with int8 weights (its kernels "
                              f"take float32 only), so dtype {dtype} would be a false label: use dtype='float32'")
+    if quantization in WEIGHT_ONLY_BITS and device_type(device) != "cpu":
+        raise ValueError(f"quantization {quantization!r} uses torch's weight-only CPU kernels, but device is "
+                         f"{device!r}: use device='cpu', or 'nf4' / 'int8' (bitsandbytes) on CUDA")
     if quantization in BITSANDBYTES_QUANTIZATIONS:
         if gguf:
             raise ValueError(f"quantization {quantization!r} of a .gguf file: transformers cannot dequantize a GGUF "
@@ -138,7 +153,7 @@ def check_quantizations(names: Sequence[str], device: str, dtype: str, double_qu
 
 def bitsandbytes_config(quantization: str, compute_dtype: torch.dtype, double_quant: bool = False):
     """bitsandbytes config for 'nf4' / 'fp4' / 'int8' (LLM.int8); None otherwise."""
-    if check_name(quantization) in ("none", "torch-int8"):
+    if check_name(quantization) not in BITSANDBYTES_QUANTIZATIONS:
         return None
     from transformers import BitsAndBytesConfig
 
@@ -169,6 +184,17 @@ def torch_int8(model: torch.nn.Module) -> torch.nn.Module:
         # inplace: a copy would hold a second float32 model in memory while quantizing
         return torch.ao.quantization.quantize_dynamic(model, {torch.nn.Linear}, dtype=torch.qint8,
                                                       inplace=True)
+
+
+def weight_only(model: torch.nn.Module, quantization: str) -> torch.nn.Module:
+    """'int8-wo' / 'int4-wo': every Linear's weights to int8 / int4 for torch's CPU kernels."""
+    from specdec_lab.models.cpu_kernels import quantize_weight_only
+
+    if next(model.parameters()).dtype == torch.float32:
+        warnings.warn(f"{quantization!r} with float32 activations takes torch's reference path (about 30x slower a "
+                      "matmul than bf16 on the CPU this kit was built on): fine for exactness tests, not for timing; "
+                      "use dtype='bfloat16'", stacklevel=3)
+    return quantize_weight_only(model, WEIGHT_ONLY_BITS[quantization], group_size=INT4_GROUP_SIZE)
 
 
 def own_float_tensors(model: torch.nn.Module) -> None:

@@ -1,0 +1,171 @@
+"""Weight-only int8 / int4 Linear layers on torch's native CPU kernels (models.weight_only): each
+kernel computes what its dequantized weights say, a whole tiny model agrees with its dequantized
+copy, speculative decoding on a weight-only target is lossless against that target, and bad
+settings are refused early."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+
+from specdec_lab.decoders import autoregressive, speculative
+from specdec_lab.decoders.candidates import DraftModelCandidates
+from specdec_lab.models import cpu_kernels, quantize
+from specdec_lab.models.cpu_kernels import Int4WeightOnlyLinear, Int8WeightOnlyLinear
+from specdec_lab.models import weight_bytes as models_weight_bytes
+from tiny import tiny_llama
+
+PROMPT = [1, 5, 9, 14, 3, 22, 7]
+
+
+def dequantized_weight(layer) -> torch.Tensor:
+    if isinstance(layer, Int8WeightOnlyLinear):
+        return layer.weight_int8.float() * layer.scales.float()[:, None]
+    # unpack through the kernel itself: x = identity gives W^T row by row
+    eye = torch.eye(layer.in_features)
+    bias = 0 if layer.bias is None else layer.bias.float()
+    return (layer(eye) - bias).T
+
+
+@pytest.mark.parametrize("bits", [8, 4])
+def test_kernel_matches_dequantized_weights_in_fp32(bits):
+    torch.manual_seed(0)
+    linear = torch.nn.Linear(128, 48, bias=True)
+    layer = Int8WeightOnlyLinear(linear, torch.float32) if bits == 8 else Int4WeightOnlyLinear(linear, torch.float32, 32)
+    x = torch.randn(2, 5, 128)
+    if bits == 8:
+        reference = x @ dequantized_weight(layer).T + linear.bias
+    else:  # the reference grid computed in Python, not read back through the kernel
+        q, scale, zero = cpu_kernels.int4_quantize(linear.weight.data, 32)
+        reference = x @ cpu_kernels.int4_dequantize(q, scale, zero, 32).T + linear.bias
+    out = layer(x)
+    assert out.shape == (2, 5, 48)
+    torch.testing.assert_close(out, reference, atol=1e-4, rtol=1e-4)
+    # and the quantization error itself is what 8 / 4 bits allow, not a garbled layout
+    error = (dequantized_weight(layer) - linear.weight).abs().max().item()
+    assert error < (0.003 if bits == 8 else 0.02) * 1.0, error
+
+
+def test_int4_grid_is_exact_for_weights_already_on_a_4_bit_grid():
+    """GGUF Q4_K groups of 32 lie on such a grid (scale * q + min): re-quantizing them loses nothing
+    when every group spans its 16 levels."""
+    torch.manual_seed(0)
+    scale, low = torch.rand(8, 4, 1) + 0.1, torch.randn(8, 4, 1)
+    levels = torch.stack([torch.randperm(32) % 16 for _ in range(32)]).reshape(8, 4, 32).float()
+    weight = (levels * scale + low).reshape(8, 128)
+    q, s, z = cpu_kernels.int4_quantize(weight, 32)
+    torch.testing.assert_close(cpu_kernels.int4_dequantize(q, s, z, 32), weight, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("name", ["int8-wo", "int4-wo"])
+def test_weight_only_model_agrees_with_its_dequantized_copy(name):
+    """fp32: the quantized model's logits equal those of a float model holding the dequantized
+    weights; bf16 agrees within bf16 tolerance."""
+    model = tiny_llama(0, vocab_size=64, hidden=64).eval()
+    quantized = quantize.weight_only(copy.deepcopy(model), name)
+    layer = quantized.model.layers[0].mlp.up_proj
+    assert isinstance(layer, Int8WeightOnlyLinear if name == "int8-wo" else Int4WeightOnlyLinear)
+    assert isinstance(quantized.lm_head, Int8WeightOnlyLinear)  # the LM head stays int8
+    reference = copy.deepcopy(model)
+    with torch.no_grad():
+        for (path, module), (_, original) in zip(quantized.named_modules(), reference.named_modules()):
+            if isinstance(module, (Int8WeightOnlyLinear, Int4WeightOnlyLinear)):
+                original.weight.copy_(dequantized_weight(module))
+    ids = torch.tensor([PROMPT])
+    with torch.no_grad():
+        torch.testing.assert_close(quantized(ids).logits, reference(ids).logits, atol=1e-4, rtol=1e-4)
+        bf16 = quantize.weight_only(copy.deepcopy(model).to(torch.bfloat16), name)
+        layer = bf16.model.layers[0].mlp.up_proj
+        assert (layer.scales_and_zeros if name == "int4-wo" else layer.scales).dtype == torch.bfloat16
+        torch.testing.assert_close(bf16(ids).logits.float(), reference(ids).logits, atol=0.15, rtol=0.05)
+
+
+@pytest.mark.parametrize("name", ["int8-wo", "int4-wo"])
+def test_weight_only_weights_are_smaller(load, name):
+    assert load("target", name).weight_bytes < 0.6 * load("target", "none").weight_bytes
+
+
+@pytest.mark.parametrize("target_name, draft_name", [("int4-wo", "none"), ("none", "int4-wo"), ("int8-wo", "int4-wo")])
+def test_speculative_on_weight_only_models_equals_the_targets_own_greedy(load, target_name, draft_name):
+    """Lossless means equal to that target backend's own greedy output (fp32)."""
+    target = load("target", target_name).model
+    expected = autoregressive.generate(target, PROMPT, 24, stop_ids=[]).tokens
+    for draft in (load("draft", draft_name).model, load("target", "int8-wo" if target_name != "int8-wo" else "int4-wo").model):
+        result = speculative.generate(target, DraftModelCandidates(draft, 4), PROMPT, 24, stop_ids=[])
+        assert result.tokens == expected
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    (dict(bits=3), r"bits must be one of \(8, 4\), got 3"),
+    (dict(bits=4, group_size=48), r"group_size must be one of .*got 48"),
+])
+def test_bad_settings_are_refused(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        cpu_kernels.quantize_weight_only(tiny_llama(0), **kwargs)
+
+
+def test_int4_refuses_a_layer_it_cannot_group():
+    model = torch.nn.Sequential(torch.nn.Linear(40, 8))
+    with pytest.raises(ValueError, match=r"layer '0' has 40 inputs.*int8-wo"):
+        cpu_kernels.quantize_weight_only(model, 4)
+
+
+def test_weight_only_on_cuda_is_refused_before_loading():
+    with pytest.raises(ValueError, match=r"int4-wo.*CPU kernels.*device='cpu'"):
+        quantize.check_quantization("int4-wo", torch.bfloat16, "cuda")
+
+
+def test_weight_left_linear_computes_what_nn_linear_computes():
+    torch.manual_seed(0)
+    linear = torch.nn.Linear(64, 48, bias=True)
+    fast = copy.deepcopy(linear)
+    weight = fast.weight
+    cpu_kernels.use_weight_left_linear(torch.nn.Sequential(fast))
+    assert type(fast) is cpu_kernels.WeightLeftLinear and fast.weight is weight  # the class changes, not the weights
+    for shape in ((1, 64), (1, 1, 64), (2, 64), (2, 7, 64)):  # one row (torch.mv) and several (W @ x^T)
+        x = torch.randn(*shape)
+        torch.testing.assert_close(fast(x), linear(x), atol=1e-5, rtol=1e-5)
+    assert fast.state_dict().keys() == linear.state_dict().keys()
+
+
+def test_bf16_cpu_loads_use_weight_left_linear_and_fp32_does_not(folders):
+    from specdec_lab import models
+
+    bf16 = models.load(folders["target"], dtype="bfloat16")
+    assert type(bf16.model.model.layers[0].mlp.up_proj) is cpu_kernels.WeightLeftLinear
+    assert type(models.load(folders["target"], dtype="float32").model.model.layers[0].mlp.up_proj) is torch.nn.Linear
+    plain = models.load(folders["target"], dtype="bfloat16", fast_cpu_linear=False)
+    assert type(plain.model.model.layers[0].mlp.up_proj) is torch.nn.Linear
+    ids = torch.tensor([PROMPT])
+    with torch.no_grad():
+        torch.testing.assert_close(bf16.model(ids).logits, plain.model(ids).logits, atol=0.1, rtol=0.05)
+
+
+def test_linear_kernel_table_times_every_backend():
+    from specdec_lab import hardware
+
+    table = hardware.linear_kernel_table(64, 96, rows=(1, 3), dtype=torch.float32, repeats=2, bandwidth=1e10)
+    assert len(table) == 4 * 2 and (table.ms > 0).all() and (table.fraction_of_bandwidth > 0).all()
+    stored = table.groupby("kernel").weight_mb.first()
+    assert stored["int4 weight-only (groups of 32)"] < stored["int8 weight-only"] < stored["fp32 W @ x^T (kit)"]
+
+
+def test_a_tied_output_head_becomes_int8_and_the_embedding_table_stays():
+    """Qwen2.5's LM head is its embedding table. Quantizing the head unties it: the head reads int8,
+    the embedding keeps its float table (one row looked up per token), and the bytes a token reads
+    count the head, not the embedding table."""
+    from specdec_lab import hardware
+
+    model = tiny_llama(0, vocab_size=64, hidden=64)
+    model.config.tie_word_embeddings = True
+    model.tie_weights()
+    embedding = model.get_input_embeddings().weight.detach().clone()
+    quantized = quantize.weight_only(model, "int4-wo")
+    assert isinstance(quantized.lm_head, Int8WeightOnlyLinear)
+    assert torch.equal(quantized.get_input_embeddings().weight, embedding)
+    head_bytes = sum(t.numel() * t.element_size() for t in quantized.lm_head.buffers())
+    read = hardware.bytes_read_per_token(quantized)
+    assert read == models_weight_bytes(quantized) - embedding.numel() * embedding.element_size()
+    assert read >= head_bytes
