@@ -196,10 +196,10 @@ def _llama_cpp_footprint(engine: llama_cpp_peer.LlamaCppModel, dtype: str) -> di
             "perplexity": float("nan"), "perplexity_tokens": float("nan")}
 
 
-def gguf_kind(file_name: str) -> str:
+def gguf_kind(file_name: str, unknown: str = "GGUF") -> str:
     """'qwen2.5-coder-1.5b-instruct-q4_k_m.gguf' -> 'Q4_K_M', 'SmolLM2-135M-Instruct.Q4_1.gguf' -> 'Q4_1'."""
     found = re.search(r"q\d+(_[a-z0-9]+)*(?=\.gguf$)", file_name, re.IGNORECASE)
-    return found.group(0).upper() if found else "GGUF"
+    return found.group(0).upper() if found else unknown
 
 
 def gguf_bytes_read_per_token(path: Path) -> int:
@@ -347,12 +347,7 @@ def speculative_table(rows: pd.DataFrame, unquantized_reference: pd.DataFrame | 
     lines = []
     for baseline, group in rows.groupby("baseline", sort=False):
         # agreement with this target's own AR comes with the summary; with the unquantized target's, here
-        with_agreement = group.copy()
-        if unquantized_reference is not None and not unquantized_reference.empty:
-            reference = unquantized_reference[unquantized_reference.repeat == 0].set_index("prompt_id").tokens
-            with_agreement = metrics.add_agreement(with_agreement, reference=reference, prefix="unquantized_")
-        else:
-            with_agreement["unquantized_agreement"] = float("nan")
+        with_agreement = with_unquantized_agreement(group, unquantized_reference)
         speed = metrics.summary(group, baseline)
         # our candidate sources on this target; llama.cpp's rows are compared in `versus_llama_cpp` instead
         # (a ratio of its prompt lookup to our AR would mix two engines in one "speedup")
@@ -377,6 +372,15 @@ def speculative_table(rows: pd.DataFrame, unquantized_reference: pd.DataFrame | 
     return pd.DataFrame(lines)
 
 
+def with_unquantized_agreement(rows: pd.DataFrame, unquantized: pd.DataFrame | None) -> pd.DataFrame:
+    """`rows` with `unquantized_agreement` (and its full-match and divergence columns): agreement
+    with the unquantized target's repeat-0 greedy output on the same prompt; NaN without one."""
+    if unquantized is None or unquantized.empty:
+        return rows.assign(unquantized_agreement=float("nan"))
+    reference = unquantized[unquantized.repeat == 0].set_index("prompt_id").tokens
+    return metrics.add_agreement(rows, reference=reference, prefix="unquantized_")
+
+
 def versus_llama_cpp(rows: pd.DataFrame, unquantized: pd.DataFrame | None = None) -> pd.DataFrame:
     """Every configuration of every target variant (its AR, its pairs, its prompt lookup) against
     llama.cpp's AR timed in the same run: per-token speed ratio (geometric mean over prompts, 95%
@@ -388,23 +392,20 @@ def versus_llama_cpp(rows: pd.DataFrame, unquantized: pd.DataFrame | None = None
         if engine_rows.empty:
             continue
         llama = engine_rows.decoder.iloc[0]
-        role_of = group.drop_duplicates("decoder").set_index("decoder").role
+        labels = group.drop_duplicates("decoder").set_index("decoder")
         table = metrics.summary(group, baseline=llama, reference=baseline)
-        against_unquantized = (metrics.add_agreement(group, reference=unquantized[unquantized.repeat == 0]
-                                                     .set_index("prompt_id").tokens, prefix="unquantized_")
-                               if unquantized is not None and not unquantized.empty else None)
+        scored = with_unquantized_agreement(group, unquantized)
         for decoder, line in table.drop(index=llama).iterrows():
-            first = None if against_unquantized is None else against_unquantized[
-                (against_unquantized.decoder == decoder) & (against_unquantized.repeat == 0)]
+            first = scored[(scored.decoder == decoder) & (scored.repeat == 0)]
             lines.append({
-                "configuration": decoder, "target": group.target.iloc[0], "role": role_of[decoder],
-                "implementation": group[group.decoder == decoder].implementation.iloc[0],
+                "configuration": decoder, "target": group.target.iloc[0], "role": labels.role[decoder],
+                "implementation": labels.implementation[decoder],
                 "vs_llama_cpp": line.speedup, "vs_llama_cpp_low": line.speedup_low,
                 "vs_llama_cpp_high": line.speedup_high, "prompts": line.prompts,
                 "tokens_per_second": line.tokens_per_second,
                 "llama_cpp_tokens_per_second": table.loc[llama, "tokens_per_second"],
                 "agreement_with_target": line.agreement, "full_match_rate": line.full_match_rate,
-                "agreement_with_unquantized": first.unquantized_agreement.mean() if first is not None else float("nan"),
+                "agreement_with_unquantized": first.unquantized_agreement.mean(),
             })
     return pd.DataFrame(lines)
 
@@ -501,8 +502,7 @@ def baseline_note(spec: str, dtype: str) -> str:
     """What "unquantized" means for this model (the zoo mirrors are already 4-bit GGUFs)."""
     held = models.DTYPE_LABELS[models.parse_dtype(dtype)]
     if spec in models.zoo.ZOO:
-        found = re.search(r"q\d+(_[a-z0-9]+)*", models.zoo.ZOO[spec].gguf_name, re.IGNORECASE)
-        kind = found.group(0).upper() if found else "quantized"
+        kind = gguf_kind(models.zoo.ZOO[spec].gguf_name, unknown="quantized")
         return (f"`{spec}` comes from an offline mirror of a **{kind}** GGUF file: its \"unquantized\" "
                 f"baseline ({held}) holds those 4-bit weights dequantized to {held}. Quantizing it again "
                 "re-rounds already-rounded weights: the memory saved is real, but quality is measured against a "
