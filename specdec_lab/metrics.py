@@ -211,11 +211,10 @@ def recommended_k(sweep: pd.DataFrame) -> pd.DataFrame:
     return best.rename(columns={"k": "recommended_k"}).reset_index(drop=True)
 
 
-def k_sweep(rows: pd.DataFrame, k_of: dict[str, int], baseline: str, draft_ar: str) -> pd.DataFrame:
+def k_sweep(rows: pd.DataFrame, k_of: dict[str, int], baseline: str, c: float) -> pd.DataFrame:
     """Measured speedup per (k, prompt, repeat) beside Leviathan's prediction, which uses the
     per-token acceptance alpha counted per (k, category) from the tokens actually proposed, and the
-    measured cost ratio c."""
-    c = cost_ratio(rows[rows.decoder == draft_ar], rows[rows.decoder == baseline])
+    measured cost ratio c (draft step / target step)."""
     sweep = speedups(rows[rows.decoder.isin([*k_of, baseline])], baseline)
     sweep = sweep[sweep.decoder.isin(list(k_of))].copy()
     sweep["k"] = sweep.decoder.map(k_of)

@@ -100,6 +100,13 @@ def _quantization_list(name: str, value) -> str | None:
     return f"{name}: unknown quantization(s) {bad}: use names from {names}" if bad else None
 
 
+def _schedule_list(name: str, value) -> str | None:
+    choices = ["constant", "heuristic"]  # lineups.SCHEDULES (params sits below the experiments)
+    if not isinstance(value, list) or not value or any(v not in choices for v in value):
+        return f"{name} must be a non-empty list of draft-length schedules from {choices}, got {value!r}"
+    return None
+
+
 def _speculative_pairs(name: str, value) -> str | None:
     if not isinstance(value, list):
         return f"{name} must be a list of 'target/draft' quantization pairs like 'none/nf4', got {value!r}"
@@ -164,6 +171,15 @@ RULES: dict[str, Callable[[str, object], str | None]] = {
     "footprint_repeats": _positive_int,
     "cost_curve_n": _cost_curve_n,
     "prompt_lookup_k": _non_negative_int,
+    # 02_speculative
+    "schedules": _schedule_list,
+    "sweep_prompts": _positive_int,
+    "control_prompts": _positive_int,
+    "control_max_new_tokens": _positive_int,
+    "control_target": _model_spec,
+    "control_draft": _model_spec,
+    "control_draft_dtype": _one_of(sorted(models.DTYPES)),
+    "control_draft_quantization": _one_of(quantize.QUANTIZATIONS),
     # 04_cllm
     "block_size": _positive_int,
     "init": _one_of(INITS),

@@ -62,24 +62,45 @@ def test_rows_are_written_as_produced_and_a_rerun_resumes(tmp_path):
     assert rows.sort_values(key).tokens.tolist() == uninterrupted.sort_values(key).tokens.tolist()
 
 
+def ar_and(other: str, model, fail_after=None) -> list[Method]:
+    """AR and a second method on the same model, the second failing after `fail_after` calls."""
+    decode = partial(autoregressive.generate, model, max_new_tokens=6, stop_ids=[])
+    return [Method("ar", Counting(decode), lossless=True, role="target AR"),
+            Method(other, Counting(decode, fail_after=fail_after), lossless=True, role="speculative")]
+
+
 def test_a_unit_cut_by_an_interruption_is_run_again_whole(tmp_path):
     """The two rows of a ratio come from one process: a (prompt, repeat) whose baseline finished
     before a crash but whose method did not is run again whole, and its old baseline row is not used."""
     out = tmp_path / "runs.jsonl"
     model = tiny_llama()
-    def methods(fail_after=None):
-        decode = partial(autoregressive.generate, model, max_new_tokens=6, stop_ids=[])
-        return [Method("ar", Counting(decode), lossless=True, role="target AR"),
-                Method("other", Counting(decode, fail_after=fail_after), lossless=True, role="speculative")]
     with pytest.raises(KeyboardInterrupt):
-        bench.run(methods(fail_after=1), PROMPTS, Tokens(), out, repeats=1, warmup=0)
+        bench.run(ar_and("other", model, fail_after=1), PROMPTS, Tokens(), out, repeats=1, warmup=0)
     assert [json.loads(line)["decoder"] for line in out.read_text().splitlines()] == ["ar", "other", "ar"]
-    resumed = methods()
+    resumed = ar_and("other", model)
     rows = bench.run(resumed, PROMPTS, Tokens(), out, repeats=1, warmup=0)
     assert [m.decode.calls for m in resumed] == [1, 1]  # prompt a was complete; prompt b ran again whole
     assert len(rows) == 4 and rows.groupby("prompt_id").process.nunique().eq(1).all()
     first_process = json.loads(out.read_text().splitlines()[0])["process"]
     assert set(rows[rows.prompt_id == "b"].process) != {first_process}
+
+
+def test_a_method_restricted_to_some_prompts_shares_their_units_and_resumes(tmp_path):
+    """A k sweep on the first prompts runs in the line-up's units (its ratio uses the same AR row);
+    its unit is complete only with the sweep's row, so a crash before it re-runs that unit whole."""
+    out = tmp_path / "runs.jsonl"
+    model = tiny_llama()
+    with pytest.raises(KeyboardInterrupt):
+        bench.run(ar_and("sweep", model, fail_after=0), PROMPTS, Tokens(), out, repeats=1, warmup=0,
+                  only_on={"sweep": {"a"}})
+    assert [json.loads(line)["decoder"] for line in out.read_text().splitlines()] == ["ar"]
+    resumed = ar_and("sweep", model)
+    rows = bench.run(resumed, PROMPTS, Tokens(), out, repeats=1, warmup=0, only_on={"sweep": {"a"}})
+    assert [m.decode.calls for m in resumed] == [2, 1]  # prompt a again whole; the sweep never on prompt b
+    assert sorted(zip(rows.prompt_id, rows.decoder)) == [("a", "ar"), ("a", "sweep"), ("b", "ar")]
+    assert rows[rows.prompt_id == "a"].process.nunique() == 1
+    with pytest.raises(ValueError, match="'nothing'"):
+        bench.run(ar_and("sweep", model), PROMPTS, Tokens(), out, repeats=1, warmup=0, only_on={"nothing": {"a"}})
 
 
 def test_other_parameters_never_mix_with_old_rows(tmp_path):

@@ -99,7 +99,9 @@ def test_bf16_4bit_compute_labels(load):
               ("target", "nf4"), ("target", "torch-int8")]),
     ("nf4", [("draft", "none"), ("draft", "int8"), ("target", "torch-int8")]),
     ("fp4", [("draft", "nf4")]),
-    ("int8", [("draft", "none"), ("draft", "nf4"), ("target", "torch-int8")]),
+    # No LLM.int8 target: it picks its outlier columns from the whole batch, so a row's output depends
+    # on the rows verified with it; speculative decoding on it is not exact (seen once the first
+    # verification joined the prefill). An LLM.int8 draft is fine: the target decides every token.
 ])
 def test_greedy_speculative_with_quantized_draft_equals_target_ar(load, target_name, drafts):
     """Another model or the target's own quantized copy drafts; the target verifies every token."""

@@ -136,7 +136,7 @@ def test_grid_with_prompt_lookup_cost_curves_best_k_and_a_peer_in_the_same_run(f
     reference = rows[rows.decoder == "target fp32 AR"]
     table = quantized.speculative_table(rows, reference).set_index("pair")
     assert set(table.source) == {"draft model", "prompt lookup"}
-    assert "target int8 weight-only · prompt lookup k=4" in table.index
+    assert "target int8 weight-only · prompt lookup k=4 adaptive, longest match" in table.index
     assert (table.agreement_with_target == 1.0).all()  # fp32: lossless against each target's own AR
     best_k = quantized.best_k_table(table.reset_index(), rows, curves).set_index("pair")
     assert set(best_k.index) == {"target fp32 · draft int4 weight-only", "target int8 weight-only · draft int4 weight-only"}

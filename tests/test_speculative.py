@@ -7,7 +7,8 @@ import pytest
 import torch
 
 from specdec_lab.decoders import autoregressive, common, speculative
-from specdec_lab.decoders.candidates import Candidates, DraftLength, DraftModelCandidates, PromptLookupCandidates
+from specdec_lab.decoders.candidates import (Candidates, DraftLength, DraftModelCandidates, HybridCandidates,
+                                            PromptLookupCandidates)
 from specdec_lab.decoders.common import forward, new_cache
 from specdec_lab.models import check_same_tokenizer
 from specdec_lab.sampling import GREEDY, Sampling, probabilities
@@ -29,10 +30,10 @@ def test_greedy_equals_ar_with_an_unrelated_draft(k):
 
 
 def test_target_drafting_for_itself_accepts_everything():
-    result = speculative.generate(TARGET, DraftModelCandidates(TARGET, 4), PROMPT, 41, stop_ids=[])
-    assert result.tokens == ar(41)
-    assert result.accepted_per_step == [4] * 8  # 1 token from the prefill + 8 steps of 4 + 1
-    assert result.target_forwards == 9
+    result = speculative.generate(TARGET, DraftModelCandidates(TARGET, 4), PROMPT, 40, stop_ids=[])
+    assert result.tokens == ar(40)
+    # 8 steps of 4 accepted + 1 of the target's own; the first step's forward is the prefill
+    assert result.accepted_per_step == [4] * 8 and result.target_forwards == 8
 
 
 @pytest.mark.parametrize("schedule, threshold", [("heuristic", 0.0), ("constant", 0.3), ("heuristic", 0.5)])
@@ -117,8 +118,47 @@ def test_the_target_cache_keeps_the_accepted_prefix_only():
 def test_prompt_lookup_proposes_the_tokens_that_followed_the_match(tokens, k, expected):
     """Catches an off-by-one in the proposed slice, which decoding alone never shows (the output
     stays lossless, only fewer proposals are accepted)."""
+    assert PromptLookupCandidates(k, match="latest").propose(tokens, 10, GREEDY, None).token_ids == expected
+    assert PromptLookupCandidates(k, match="latest").propose(tokens, 1, GREEDY, None).token_ids == expected[:1]
+
+
+@pytest.mark.parametrize("tokens, k, expected", [
+    # the end [1, 2, 3, 4] matches at 0-3 for 4 tokens, at 7-9 for 3 ([2, 3, 4]; the latest 3-gram)
+    ([1, 2, 3, 4, 9, 8, 7, 2, 3, 4, 5, 6, 1, 2, 3, 4], 2, [9, 8]),
+    ([5, 1, 7, 5, 1, 8, 5, 1], 3, [7, 5, 1]),  # two matches of length 2: the earliest (the prompt's)
+    ([3, 4, 3], 5, [4, 3]),  # what followed runs up to the end of the sequence
+    ([1, 2, 3, 4], 3, []),  # no earlier occurrence: nothing to propose
+])
+def test_longest_match_prompt_lookup_proposes_what_followed_the_longest_match(tokens, k, expected):
     assert PromptLookupCandidates(k).propose(tokens, 10, GREEDY, None).token_ids == expected
     assert PromptLookupCandidates(k).propose(tokens, 1, GREEDY, None).token_ids == expected[:1]
+
+
+def test_prompt_lookup_extends_matches_that_keep_matching_and_stops_where_they_are_rejected():
+    """Per kind of match (its length): a block accepted whole makes the next proposal 2 longer, a
+    rejection 1 shorter; a kind that keeps being rejected proposes nothing while other kinds go on."""
+    lookup = PromptLookupCandidates(3, min_tries=2, min_accepted_per_step=0.5)
+    long_match = [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 1, 2, 3]  # the end [1, 2, 3] matched for 3 tokens at 0-2
+    short_match = [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 4]  # the end [4] matched for 1 token
+    assert lookup.propose(long_match, 20, GREEDY, None).token_ids == [4, 5, 6]
+    lookup.update(long_match + [4, 5, 6, 7], 3, 3)
+    assert lookup.propose(long_match, 20, GREEDY, None).token_ids == [4, 5, 6, 7, 8]  # extended by 2
+    assert lookup.propose(short_match, 20, GREEDY, None).token_ids == [5, 6, 7]  # another kind: from k
+    for _ in range(2):
+        lookup.propose(short_match, 20, GREEDY, None)
+        lookup.update(short_match + [0], 0, 3)
+    assert lookup.propose(short_match, 20, GREEDY, None).token_ids == []  # 0 accepted per step: stopped
+    assert len(lookup.propose(long_match, 20, GREEDY, None).token_ids) == 5  # long matches go on
+    lookup.reset()
+    assert lookup.propose(short_match, 20, GREEDY, None).token_ids == [5, 6, 7]  # nothing carries over
+
+
+@pytest.mark.parametrize("match", ["latest", "longest"])
+def test_both_prompt_lookup_rules_are_lossless_on_text_with_repeats(match):
+    repetitive = PROMPT + PROMPT[3:] + PROMPT
+    expected = autoregressive.generate(TARGET, repetitive, 40, stop_ids=[]).tokens
+    result = speculative.generate(TARGET, PromptLookupCandidates(4, match=match), repetitive, 40, stop_ids=[])
+    assert result.tokens == expected and sum(result.accepted_per_step) > 0
 
 
 def test_eos_inside_an_accepted_block():
@@ -245,7 +285,7 @@ SMALL_TARGET = tiny_llama(seed=10, vocab_size=SMALL_VOCAB, layers=1, hidden=16, 
 # test reading q at the wrong position shows.
 SMALL_DRAFT = copy_llama(lag=3, vocab_size=SMALL_VOCAB, scale=2.0)
 SMALL_PROMPT = [1, 2, 4]
-STEPS = 4  # the prefill's token, then a block of two drafted tokens and the target's own
+STEPS = 4  # a block of two drafted tokens verified with the prefill, the target's own, one more
 SAMPLES = 1000
 
 
@@ -272,7 +312,7 @@ def total_variation(p, q):
 
 def worst_tv(candidates, prompt, sampling, samples=SAMPLES):
     """The largest TV between the target's exact marginals and speculative decoding's empirical ones
-    over positions 1..STEPS-1 (`samples` seeds), and the steps that verified two or more drafted
+    over positions 0..STEPS-1 (`samples` seeds), and the steps that verified two or more drafted
     tokens and rejected one after the first (where q's position matters)."""
     exact = exact_marginals(SMALL_TARGET, prompt, STEPS, sampling)
     counts, late_rejections = torch.zeros(STEPS, SMALL_VOCAB), 0
@@ -282,7 +322,7 @@ def worst_tv(candidates, prompt, sampling, samples=SAMPLES):
         for position, token in enumerate(result.tokens):
             counts[position, token] += 1
         late_rejections += sum(1 <= a < p for a, p in zip(result.accepted_per_step, result.proposed_per_step))
-    return max(total_variation(exact[t], counts[t] / samples) for t in range(1, STEPS)), late_rejections
+    return max(total_variation(exact[t], counts[t] / samples) for t in range(STEPS)), late_rejections
 
 
 def tv_limit(samples):
@@ -326,3 +366,70 @@ def test_a_wrong_rejection_rule_fails_the_same_check(monkeypatch):
     monkeypatch.setattr(speculative, "accept_sampled", resample_from_p)
     worst, _ = worst_tv(DraftModelCandidates(SMALL_DRAFT, 2), SMALL_PROMPT, Sampling(temperature=1.0))
     assert worst > tv_limit(SAMPLES), worst
+
+
+# --- the hybrid candidate source --------------------------------------------------------------------
+
+def hybrid(draft=DRAFT, **kwargs):
+    return HybridCandidates(draft, **({"k": 3, "prompt_lookup_k": 4} | kwargs))
+
+
+def test_hybrid_is_lossless_and_uses_every_source():
+    repetitive = PROMPT + [3, 4] + PROMPT[1:] + [12, 13]
+    expected = autoregressive.generate(TARGET, repetitive, 40, stop_ids=[]).tokens
+    for draft in (DRAFT, TARGET):  # an unrelated draft, and the target drafting for itself
+        candidates = hybrid(draft, prior_acceptance=0.9, cost_ratio=0.2)
+        result = speculative.generate(TARGET, candidates, repetitive, 40, stop_ids=[])
+        assert result.tokens == expected
+    assert {"prompt lookup", "draft model"} <= set(candidates.sources)
+
+
+@torch.inference_mode()
+def test_hybrid_chooses_by_match_length_and_acceptance():
+    tokens = [20, 21, 22, 23, 24, 25, 30, 20, 21, 22]  # the end matches 3 tokens back at 0-2
+    assert hybrid().propose(tokens, 10, GREEDY, None).token_ids == [23, 24, 25, 30]
+    # no earlier occurrence and a draft that does not pay (acceptance 0.1 at cost 0.9): an AR step,
+    # until `explore_every` such steps have passed and the draft is tried once
+    lonely = hybrid(prior_acceptance=0.1, cost_ratio=0.9, explore_every=2)
+    sources = []
+    for _ in range(3):
+        lonely.propose([40, 41, 42], 10, GREEDY, None)
+        sources.append(lonely.source)
+        lonely.update([40, 41, 42, 43], 0, 0 if lonely.source == "nothing" else 3)
+    assert sources == ["nothing", "nothing", "draft model"]
+    # a lookup that runs out at the sequence's end, with a draft that pays: the draft continues it
+    both = hybrid(prior_acceptance=0.9, cost_ratio=0.1)
+    short = [50, 51, 52, 50, 51]  # [50, 51] matched at 0-1; only [52, 50, 51] follows
+    proposal = both.propose(short, 10, GREEDY, None).token_ids
+    assert both.source == "prompt lookup + draft model" and proposal[:3] == [52, 50, 51]
+    own = autoregressive.decode_tokens(DRAFT, short + [52, 50, 51], len(proposal) - 3, GREEDY, None, frozenset())
+    assert proposal[3:] == own
+
+
+def test_hybrid_rolls_the_draft_back_after_lookup_and_draft_proposals():
+    """Catches a draft cache left holding rejected looked-up or drafted tokens: every draft
+    proposal must be the draft's own greedy continuation of the sequence it was handed."""
+    candidates = hybrid(prior_acceptance=0.9, cost_ratio=0.1)
+    candidates.draft = RecordingDraft(DRAFT, 3, "heuristic", 0.4)
+    repetitive = PROMPT + [3, 4] + PROMPT[1:] + [12, 13] + PROMPT[2:5]
+    result = speculative.generate(TARGET, candidates, repetitive, 40, stop_ids=[])
+    assert result.tokens == autoregressive.generate(TARGET, repetitive, 40, stop_ids=[]).tokens
+    assert "prompt lookup + draft model" in candidates.sources
+    assert sum(a < p for a, p in zip(result.accepted_per_step, result.proposed_per_step)) >= 3
+    for tokens, proposal in candidates.draft.proposals:
+        with torch.inference_mode():
+            own = autoregressive.decode_tokens(DRAFT, tokens, len(proposal), GREEDY, None, frozenset())
+        assert proposal == own[:len(proposal)]
+
+
+@pytest.mark.usefixtures("unmeasured")
+def test_hybrid_sampling_matches_the_target_distribution():
+    """Catches the joined proposal (looked-up tokens, then drafted ones) weighed with the draft's q
+    at the wrong rows or without one-hot rows for the looked-up tokens."""
+    prompt = [1, 2, 1, 2]  # the end matched at 0-1: the lookup runs out after [1, 2], the draft goes on
+    samples = 600
+    candidates = HybridCandidates(SMALL_DRAFT, k=2, prompt_lookup_k=4, prior_acceptance=0.9, cost_ratio=0.1)
+    worst, late_rejections = worst_tv(candidates, prompt, Sampling(temperature=1.0), samples)
+    assert worst < tv_limit(samples), worst
+    assert late_rejections >= 20, late_rejections
+    assert candidates.sources[0] == "prompt lookup + draft model"

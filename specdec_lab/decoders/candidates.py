@@ -14,6 +14,7 @@ from typing import Protocol
 import torch
 
 from specdec_lab.decoders.common import forward, new_cache, truncate_cache
+from specdec_lab.metrics import predicted_speedup
 from specdec_lab.sampling import Sampling, probabilities, sample
 
 
@@ -112,31 +113,201 @@ class DraftModelCandidates:
 
 
 class PromptLookupCandidates:
-    """No model: find the latest earlier occurrence of the sequence's last n-gram (n from
-    `max_ngram` down to `min_ngram`) and propose the tokens that followed it."""
+    """No model: find an earlier occurrence of the sequence's last tokens and propose the tokens
+    that followed it.
 
-    def __init__(self, k: int = 10, max_ngram: int = 3, min_ngram: int = 1):
+    match="latest" is the classic rule: the latest earlier occurrence of the last n-gram, n from
+    `max_ngram` down to `min_ngram`, k tokens. match="longest" (the default) picks the occurrence
+    whose backward match with the sequence's end is longest (ties: the earliest), because a long
+    match predicts a long continuation, and adapts to how its proposals fare, separately for each
+    kind of match (its length: 1, 2, 3, 4 or more tokens):
+    - the proposal grows by 2 after a block accepted whole and shrinks by 1 otherwise (from k,
+      at most 2k), so a match that keeps matching is extended;
+    - a kind whose proposals keep being rejected (under `min_accepted_per_step` tokens accepted
+      per proposing step, after `min_tries` steps) proposes nothing: a plain AR step is cheaper
+      than verifying tokens that will be rejected.
+    """
+
+    MATCH_KINDS = 4  # match lengths 1, 2, 3 and "4 or more" are told apart
+
+    def __init__(self, k: int = 10, max_ngram: int = 3, min_ngram: int = 1, match: str = "longest",
+                 min_accepted_per_step: float = 0.25, min_tries: int = 4):
         if not 1 <= min_ngram <= max_ngram:
             raise ValueError(f"need 1 <= min_ngram <= max_ngram, got {min_ngram}, {max_ngram}")
-        self.length = DraftLength(k, "constant")
-        self.max_ngram, self.min_ngram = max_ngram, min_ngram
-        self.forwards = 0
+        if match not in ("latest", "longest"):
+            raise ValueError(f"unknown prompt-lookup match rule {match!r}: use 'latest' or 'longest'")
+        self.k, self.max_ngram, self.min_ngram, self.match = int(k), max_ngram, min_ngram, match
+        self.length = DraftLength(k, "constant")  # validates k
+        self.min_accepted_per_step, self.min_tries = min_accepted_per_step, min_tries
+        self.reset()
 
     def reset(self, vocab_size: int | None = None) -> None:
         self.forwards = 0
+        self.lengths = [DraftLength(self.k, "heuristic") for _ in range(self.MATCH_KINDS)]
+        self.steps = [0] * self.MATCH_KINDS  # proposing steps per kind of match
+        self.accepted = [0] * self.MATCH_KINDS  # tokens accepted per kind of match
+        self.kind = None  # the kind of match the last proposal came from
 
     def propose(self, tokens, max_candidates, sampling, rng) -> Candidates:
-        k = min(self.length.k, max_candidates)
-        if k < 1:
+        self.kind = None
+        if self.match == "latest":
+            return Candidates(latest_match_continuation(tokens, min(self.k, max_candidates),
+                                                        self.max_ngram, self.min_ngram))
+        follow_start, length = longest_match(tokens, self.min_ngram)
+        if follow_start is None:
             return Candidates([])
-        for n in range(min(self.max_ngram, len(tokens) - 1), self.min_ngram - 1, -1):
-            pattern = tokens[-n:]
-            for start in range(len(tokens) - n - 1, -1, -1):  # latest match first
-                if tokens[start:start + n] == pattern:
-                    follow = tokens[start + n:start + n + k]
-                    if follow:
-                        return Candidates(follow)
-        return Candidates([])
+        kind = min(length, self.MATCH_KINDS) - 1
+        if (self.steps[kind] >= self.min_tries
+                and self.accepted[kind] < self.min_accepted_per_step * self.steps[kind]):
+            return Candidates([])  # matches of this kind keep being rejected: an AR step instead
+        self.kind = kind
+        k = min(self.lengths[kind].k, 2 * self.k, max_candidates)
+        return Candidates(tokens[follow_start:follow_start + k])
 
     def update(self, tokens, num_accepted, num_proposed) -> None:
-        pass
+        if self.kind is None or num_proposed == 0:
+            return
+        self.steps[self.kind] += 1
+        self.accepted[self.kind] += num_accepted
+        self.lengths[self.kind].update(num_accepted, num_proposed)
+
+
+def latest_match_continuation(tokens: list[int], k: int, max_ngram: int, min_ngram: int) -> list[int]:
+    """The k tokens that followed the latest earlier occurrence of the last n-gram, trying n from
+    `max_ngram` down to `min_ngram`; [] when there is none."""
+    if k < 1:
+        return []
+    for n in range(min(max_ngram, len(tokens) - 1), min_ngram - 1, -1):
+        pattern = tokens[-n:]
+        for start in range(len(tokens) - n - 1, -1, -1):  # latest match first
+            if tokens[start:start + n] == pattern:
+                follow = tokens[start + n:start + n + k]
+                if follow:
+                    return follow
+    return []
+
+
+def longest_match(tokens: list[int], min_length: int = 1, max_length: int = 64) -> tuple[int | None, int]:
+    """(where the continuation starts, match length) of the earlier position whose tokens, read
+    backwards, match the sequence's end for longest (at most `max_length`); ties go to the
+    earliest, i.e. to the prompt, where the text a model quotes or edits lives (on HumanEval
+    prompts this proposes the prompt's own code where the latest tie proposes the closing fence).
+    (None, 0) when no match reaches `min_length`."""
+    last = len(tokens) - 1
+    best_end, best_length = None, 0
+    for end in range(last):  # the occurrence ends at `end`; earliest first
+        length = 0
+        while length <= end and length < max_length and tokens[end - length] == tokens[last - length]:
+            length += 1
+        if length > best_length:
+            best_end, best_length = end, length
+    if best_length < min_length:
+        return None, 0
+    return best_end + 1, best_length
+
+
+class HybridCandidates:
+    """Each step, the candidate source the text favours right now (no peer offers this):
+
+    - **prompt lookup**, when the sequence's end matches earlier text and matches of that kind
+      (length) have been accepted: its proposals cost no model forward;
+    - **prompt lookup continued by the draft model**, when a lookup proposal runs out (the match
+      reaches the sequence's end) and drafting pays: the draft continues after the looked-up tokens;
+    - **the draft model**, while Leviathan's expected speedup at the draft's acceptance so far
+      (a prior of `prior_acceptance` over `prior_tokens` tokens, then counted) exceeds 1;
+    - **nothing**, a plain AR step, when neither is expected to pay. Every `explore_every` steps
+      without drafting, the draft is tried once, so a drift of the text is noticed.
+
+    A lookup proposal from a kind of match that has been accepted on average `a` tokens per step
+    (optimistically its whole length before any try) is expected to give 1 + a tokens for about one
+    target step (verifying n tokens costs little more than one on this hardware); the draft is
+    expected to give its speedup. The larger wins. Lossless like every candidate source: the target
+    verifies whatever is proposed.
+    """
+
+    def __init__(self, draft_model, k: int = 5, prompt_lookup_k: int = 10, cost_ratio: float = 0.3,
+                 prior_acceptance: float = 0.6, prior_tokens: int = 10, explore_every: int = 8,
+                 confidence_threshold: float = 0.4):
+        if not 0 < cost_ratio:
+            raise ValueError(f"cost_ratio (draft step / target step) must be > 0, got {cost_ratio}")
+        if not 0 <= prior_acceptance < 1:
+            raise ValueError(f"prior_acceptance must be in [0, 1), got {prior_acceptance}")
+        self.draft = DraftModelCandidates(draft_model, k, "heuristic", confidence_threshold)
+        self.lookup = PromptLookupCandidates(prompt_lookup_k)
+        self.cost_ratio, self.prior_acceptance, self.prior_tokens = cost_ratio, prior_acceptance, prior_tokens
+        self.explore_every = explore_every
+        self.reset(vocab_size=None)
+
+    def reset(self, vocab_size: int | None) -> None:
+        self.draft.reset(vocab_size)
+        self.lookup.reset(vocab_size)
+        self.draft_accepted, self.draft_proposed = 0, 0
+        self.steps_without_draft = 0
+        self.source, self.looked_up = None, 0
+        self.sources: list[str] = []  # the source of every step, for the tables
+
+    @property
+    def forwards(self) -> int:
+        return self.draft.forwards
+
+    def draft_acceptance(self) -> float:
+        return ((self.draft_accepted + self.prior_acceptance * self.prior_tokens)
+                / (self.draft_proposed + self.prior_tokens))
+
+    def draft_speedup(self, k: int) -> float:
+        return predicted_speedup(self.draft_acceptance(), k, self.cost_ratio)
+
+    def lookup_gain(self) -> float:
+        """Expected tokens of the last lookup proposal's kind of match, per (nearly free) step."""
+        kind = self.lookup.kind
+        if self.lookup.steps[kind] == 0:
+            return 1.0 + kind + 1  # untried: as many tokens as the match is long
+        return 1.0 + self.lookup.accepted[kind] / self.lookup.steps[kind]
+
+    def propose(self, tokens, max_candidates, sampling, rng) -> Candidates:
+        self.source, self.looked_up = "nothing", 0
+        if max_candidates < 1:
+            return self._chosen(Candidates([]))
+        looked_up = self.lookup.propose(tokens, max_candidates, sampling, rng).token_ids
+        draft_k = min(self.draft.length.k, max_candidates)
+        draft_speedup = self.draft_speedup(draft_k)
+        explore = self.steps_without_draft >= self.explore_every
+        if looked_up and self.lookup_gain() >= max(draft_speedup, 1.0):
+            self.source, self.looked_up = "prompt lookup", len(looked_up)
+            room = max_candidates - len(looked_up)
+            runs_out = len(looked_up) < self.lookup.lengths[self.lookup.kind].k
+            if room > 0 and runs_out and (draft_speedup > 1.0 or explore):
+                self.source = "prompt lookup + draft model"
+                drafted = self.draft.propose(list(tokens) + looked_up, room, sampling, rng)
+                return self._chosen(self._joined(looked_up, drafted, sampling))
+            return self._chosen(Candidates(looked_up))
+        if draft_speedup > 1.0 or explore:
+            self.source = "draft model"
+            return self._chosen(self.draft.propose(tokens, max_candidates, sampling, rng))
+        return self._chosen(Candidates([]))
+
+    def _chosen(self, candidates: Candidates) -> Candidates:
+        self.sources.append(self.source)
+        self.steps_without_draft = 0 if "draft" in self.source else self.steps_without_draft + 1
+        return candidates
+
+    @staticmethod
+    def _joined(looked_up: list[int], drafted: Candidates, sampling: Sampling) -> Candidates:
+        """Looked-up tokens then drafted ones; under sampling, q is one-hot on each looked-up token."""
+        if sampling.greedy or drafted.probs is None:
+            return Candidates(looked_up + drafted.token_ids)
+        one_hot = torch.zeros(len(looked_up), drafted.probs.shape[-1], device=drafted.probs.device)
+        one_hot[torch.arange(len(looked_up)), torch.tensor(looked_up)] = 1.0
+        return Candidates(looked_up + drafted.token_ids, torch.cat([one_hot, drafted.probs]))
+
+    def update(self, tokens, num_accepted, num_proposed) -> None:
+        self.draft.update(tokens, 0, 0)  # the draft's cache back to the accepted prefix, whoever proposed
+        if self.source in ("prompt lookup", "prompt lookup + draft model"):
+            self.lookup.update(tokens, min(num_accepted, self.looked_up), self.looked_up)
+        drafted = num_proposed - self.looked_up
+        if "draft" in self.source and drafted > 0 and num_accepted >= self.looked_up:
+            # the draft's tokens were judged only if every looked-up token before them was accepted
+            accepted = num_accepted - self.looked_up
+            self.draft_accepted += accepted
+            self.draft_proposed += accepted + (1 if accepted < drafted else 0)
+            self.draft.length.update(accepted, drafted)

@@ -9,11 +9,11 @@ follows the target's distribution exactly, whatever the draft.
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Iterable
 
 import torch
 
-from specdec_lab.decoders.autoregressive import prefill
 from specdec_lab.decoders.candidates import CandidateGenerator, Candidates
 from specdec_lab.decoders.common import DecodingRun, cut_at_stop, forward, new_cache, truncate_cache
 from specdec_lab.result import GenerationResult
@@ -63,10 +63,11 @@ def accept_sampled(
 def speculative_step(
     target, target_cache, tokens: list[int], candidates: Candidates, sampling: Sampling, rng
 ) -> tuple[int, int]:
-    """Verify `candidates` after `tokens` in one target forward; roll the target cache back to the
-    accepted prefix. The cache holds every token but the last on entry and on exit."""
-    block = [tokens[-1], *candidates.token_ids]
-    logits = forward(target, block, target_cache, logits_to_keep=len(block))
+    """Verify `candidates` after `tokens` in one target forward over what the cache does not hold
+    yet (the whole prompt on the first step, then the last token) plus the candidates; roll the
+    target cache back to the accepted prefix. On exit the cache holds every token but the last."""
+    block = [*tokens[target_cache.get_seq_length():], *candidates.token_ids]
+    logits = forward(target, block, target_cache, logits_to_keep=len(candidates.token_ids) + 1)
     if sampling.greedy:
         accepted, token = accept_greedy(logits, candidates.token_ids)
     else:
@@ -84,7 +85,8 @@ def generate(
     sampling: Sampling = GREEDY,
     stop_ids: Iterable[int] | None = None,
 ) -> GenerationResult:
-    """Speculative decoding of one prompt with any candidate generator (draft model, prompt lookup)."""
+    """Speculative decoding of one prompt with any candidate generator (draft model, prompt lookup).
+    The first step proposes from the prompt and verifies with the prefill, in one forward."""
     run = DecodingRun(target, prompt_ids, max_new_tokens, stop_ids)
     rng = None if sampling.greedy else sampling.generator(run.device)
     target_cache = new_cache(target)
@@ -92,15 +94,15 @@ def generate(
     accepted_per_step, proposed_per_step = [], []
 
     with run:
-        first = next_token(prefill(target, run.prompt_ids, target_cache), sampling, rng)
-        run.first_token_done()
-        tokens, generated, stopped = run.prompt_ids + [first], [first], first in run.stop_ids
+        tokens, generated, stopped = list(run.prompt_ids), [], False
         while not stopped and len(generated) < max_new_tokens:
             # at most (left - 1) candidates, so candidates + the target's own token still fit
             left = max_new_tokens - len(generated)
             candidates = candidate_generator.propose(tokens, left - 1, sampling, rng)
             accepted, token = speculative_step(target, target_cache, tokens, candidates, sampling, rng)
             new_tokens, stopped = cut_at_stop(candidates.token_ids[:accepted] + [token], run.stop_ids)
+            if not generated:
+                run.first_token_done()  # the same event as transformers' assisted generation
             tokens += new_tokens
             generated += new_tokens
             candidate_generator.update(tokens, accepted, len(candidates.token_ids))
@@ -111,6 +113,8 @@ def generate(
         generated,
         accepted_per_step=accepted_per_step,
         proposed_per_step=proposed_per_step,
-        target_forwards=1 + len(accepted_per_step),
+        target_forwards=len(accepted_per_step),  # one forward a step; the first one is the prefill
         draft_forwards=candidate_generator.forwards,
+        # a source that chooses per step (the hybrid) says what it chose
+        extras={"sources": dict(Counter(candidate_generator.sources))} if hasattr(candidate_generator, "sources") else {},
     )

@@ -12,7 +12,8 @@ from collections.abc import Callable, Sequence
 
 from specdec_lab.decoders import autoregressive, draft_then_score, hf_peers, jacobi, llama_cpp_peer, speculative
 from specdec_lab.decoders.common import stop_token_ids
-from specdec_lab.decoders.candidates import CandidateGenerator, DraftModelCandidates, PromptLookupCandidates
+from specdec_lab.decoders.candidates import (CandidateGenerator, DraftModelCandidates, HybridCandidates,
+                                            PromptLookupCandidates)
 from specdec_lab.method import Method
 from specdec_lab.models import LoadedModel, check_same_tokenizer, quantize
 from specdec_lab.sampling import GREEDY, Sampling
@@ -72,17 +73,37 @@ def draft_length_label(k: int, schedule: str = "constant", confidence_threshold:
     return label + (f", stop below p={confidence_threshold:g}" if confidence_threshold else "")
 
 
-PROMPT_LOOKUP_NGRAM = 3  # ours: the longest n-gram tried (down to 1), latest occurrence first
+PROMPT_LOOKUP_NGRAM = 3  # ours, match="latest": the longest n-gram tried (down to 1), latest occurrence first
 TRANSFORMERS_PROMPT_LOOKUP_NGRAM = 2  # transformers' max_matching_ngram_size default; it takes the first occurrence
 
 
 def prompt_lookup(target: LoadedModel, k: int, max_new_tokens: int, sampling: Sampling = GREEDY,
-                  name: str | None = None, lossless: bool = True, params: dict | None = None) -> Method:
-    name = name or f"prompt lookup k={k}, n<={PROMPT_LOOKUP_NGRAM}, latest match (ours)"
-    return with_candidates(target, lambda: PromptLookupCandidates(k, max_ngram=PROMPT_LOOKUP_NGRAM),
-                           max_new_tokens, sampling, name,
-                           {"source": "prompt lookup", "k": k, "max_ngram": PROMPT_LOOKUP_NGRAM, "match": "latest",
-                            **(params or {})}, lossless)
+                  name: str | None = None, lossless: bool = True, params: dict | None = None,
+                  match: str = "longest") -> Method:
+    """Our prompt lookup: the longest match, its proposal adapted per kind of match (see
+    PromptLookupCandidates), or with match="latest" the classic latest-n-gram rule."""
+    if match == "longest":
+        label, rule = f"k={k} adaptive, longest match", {"match": "longest", "schedule": "heuristic"}
+    else:
+        label, rule = f"k={k}, n<={PROMPT_LOOKUP_NGRAM}, latest match", {"match": "latest",
+                                                                         "max_ngram": PROMPT_LOOKUP_NGRAM}
+    return with_candidates(target, lambda: PromptLookupCandidates(k, max_ngram=PROMPT_LOOKUP_NGRAM, match=match),
+                           max_new_tokens, sampling, name or f"prompt lookup {label} (ours)",
+                           {"source": "prompt lookup", "k": k, **rule, **(params or {})}, lossless)
+
+
+def hybrid(target: LoadedModel, draft: LoadedModel, k: int, prompt_lookup_k: int, max_new_tokens: int,
+           cost_ratio: float, sampling: Sampling = GREEDY, adaptive_threshold: float = 0.4) -> Method:
+    """Our hybrid candidate source: each step prompt lookup, the draft model (adaptive k from k),
+    lookup continued by the draft, or nothing, chosen from the match and the acceptance so far
+    (see HybridCandidates). `cost_ratio` = draft step / target step, measured on this machine."""
+    def make():
+        return HybridCandidates(draft.model, k, prompt_lookup_k, cost_ratio=cost_ratio,
+                                confidence_threshold=adaptive_threshold)
+    return with_candidates(target, make, max_new_tokens, sampling,
+                           f"hybrid: prompt lookup k={prompt_lookup_k} or draft adaptive k from {k} (ours)",
+                           {"source": "hybrid", "k": k, "prompt_lookup_k": prompt_lookup_k,
+                            "cost_ratio": round(cost_ratio, 3)})
 
 
 def llama_cpp_ar(engine: llama_cpp_peer.LlamaCppModel, like: LoadedModel, max_new_tokens: int,
@@ -134,32 +155,47 @@ def baseline(target: LoadedModel, draft: LoadedModel | None, max_new_tokens: int
     return methods
 
 
+SCHEDULES = ("constant", "heuristic")  # our draft-length schedules; transformers names the same two
+
+
 def speculative_methods(target: LoadedModel, draft: LoadedModel, k: int, max_new_tokens: int,
                         sampling: Sampling = GREEDY, prompt_lookup_k: int = 10,
                         universal_draft: LoadedModel | None = None, lossy: bool = True,
-                        transformers_defaults: bool = True, adaptive_threshold: float = 0.4) -> list[Method]:
-    """AR baseline; our speculative decoder and transformers' assisted generation configured alike
-    (k constant; the heuristic schedule from the same k with the same confidence stop); prompt
-    lookup, each named by its own n-gram rule; optionally transformers' assisted generation with
-    its own defaults, the blog's draft-then-score (`lossy`), and universal assisted generation with
-    a draft of another tokenizer."""
+                        transformers_defaults: bool = True, adaptive_threshold: float = 0.4,
+                        schedules: Sequence[str] = SCHEDULES, hybrid_cost_ratio: float | None = None
+                        ) -> list[Method]:
+    """AR baseline; our speculative decoder and transformers' assisted generation configured alike,
+    for each of `schedules` (k constant; the heuristic schedule from the same k with the same
+    confidence stop); prompt lookup, each named by its own n-gram rule; optionally transformers'
+    assisted generation with its own defaults, the blog's draft-then-score (`lossy`), universal
+    assisted generation with a draft of another tokenizer, and (given the draft's cost ratio) our
+    hybrid candidate source."""
+    unknown = [schedule for schedule in schedules if schedule not in SCHEDULES]
+    if unknown or not schedules:
+        raise ValueError(f"schedules must be a non-empty list of {list(SCHEDULES)}, got {list(schedules)}")
+
     def peer(name: str, params: dict, **kwargs) -> Method:
         return transformers_generate(target, max_new_tokens, sampling, name=name, role="speculative",
                                      params=params, **kwargs)
 
-    adaptive = draft_length_label(k, "heuristic", adaptive_threshold)
+    def threshold(schedule: str) -> float:
+        return adaptive_threshold if schedule == "heuristic" else 0.0
+
+    ours = [draft_model_speculative(target, draft, k, max_new_tokens, sampling, schedule, threshold(schedule))
+            for schedule in schedules]
+    theirs = [peer(f"assisted {draft_length_label(k, schedule, threshold(schedule))} (transformers)",
+                   {"source": "draft model", "k": k, "schedule": schedule,
+                    **({"confidence_threshold": threshold(schedule)} if threshold(schedule) else {})},
+                   assistant_model=draft.model, num_assistant_tokens=k, num_assistant_tokens_schedule=schedule,
+                   assistant_confidence_threshold=threshold(schedule))
+              for schedule in schedules]
     methods = [
         ar(target, max_new_tokens, sampling),
-        draft_model_speculative(target, draft, k, max_new_tokens, sampling),
-        draft_model_speculative(target, draft, k, max_new_tokens, sampling, "heuristic", adaptive_threshold),
+        *ours,
         prompt_lookup(target, prompt_lookup_k, max_new_tokens, sampling),
-        peer(f"assisted k={k} (transformers)", {"source": "draft model", "k": k, "schedule": "constant"},
-             assistant_model=draft.model, num_assistant_tokens=k, num_assistant_tokens_schedule="constant",
-             assistant_confidence_threshold=0.0),
-        peer(f"assisted {adaptive} (transformers)",
-             {"source": "draft model", "k": k, "schedule": "heuristic", "confidence_threshold": adaptive_threshold},
-             assistant_model=draft.model, num_assistant_tokens=k, num_assistant_tokens_schedule="heuristic",
-             assistant_confidence_threshold=adaptive_threshold),
+        *([hybrid(target, draft, k, prompt_lookup_k, max_new_tokens, hybrid_cost_ratio, sampling, adaptive_threshold)]
+          if hybrid_cost_ratio is not None else []),
+        *theirs,
         peer(f"prompt lookup k={prompt_lookup_k}, n<={TRANSFORMERS_PROMPT_LOOKUP_NGRAM}, first match (transformers)",
              {"source": "prompt lookup", "k": prompt_lookup_k, "max_ngram": TRANSFORMERS_PROMPT_LOOKUP_NGRAM,
               "match": "first"}, prompt_lookup_num_tokens=prompt_lookup_k),
@@ -180,11 +216,9 @@ def speculative_methods(target: LoadedModel, draft: LoadedModel, k: int, max_new
 
 def k_sweep(target: LoadedModel, draft: LoadedModel, k_values: Sequence[int], max_new_tokens: int,
             sampling: Sampling = GREEDY) -> list[Method]:
-    """AR of target and draft (for the cost ratio c) and our speculative decoder at each k
-    (`method.params["k"]`)."""
-    return [ar(target, max_new_tokens, sampling),
-            ar(draft, max_new_tokens, sampling, name=DRAFT_AR, role="draft AR", lossless=False),
-            *(draft_model_speculative(target, draft, k, max_new_tokens, sampling) for k in k_values)]
+    """Our speculative decoder at each k (`method.params["k"]`), constant k: the sweep joins a
+    line-up that holds the target's AR."""
+    return [draft_model_speculative(target, draft, k, max_new_tokens, sampling) for k in k_values]
 
 
 def quantized_pairs(target: LoadedModel, drafts: Sequence[tuple[quantize.Pair, LoadedModel]], k: int,

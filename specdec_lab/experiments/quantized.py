@@ -307,7 +307,8 @@ def speculative_grid(pairs: Sequence[str], prompts, *, target: str, draft: str, 
         if prompt_lookup_k:
             methods.append(lineups.prompt_lookup(
                 target_model, prompt_lookup_k, max_new_tokens, lossless=target_quantization == "none",
-                name=f"target {quantize.label(target_quantization, dtype)} · prompt lookup k={prompt_lookup_k}",
+                name=(f"target {quantize.label(target_quantization, dtype)} · prompt lookup k={prompt_lookup_k} adaptive, "
+                      "longest match"),
                 params={"target_quantization": target_quantization}))
         if engine is not None:
             methods.append(lineups.llama_cpp_ar(engine, target_model, max_new_tokens))

@@ -5,11 +5,11 @@ each declared-lossless method reproduces AR greedy token for token."""
 from __future__ import annotations
 
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import pandas as pd
 
-from specdec_lab import data, metrics, models
+from specdec_lab import data, hardware, metrics, models
 from specdec_lab.experiments import common, lineups
 from specdec_lab.runs import bench
 
@@ -31,8 +31,15 @@ class Tables:
     control: pd.DataFrame | None  # fp32 control: one row per (method, prompt)
 
 
+# Each prompt set is one kind of text: MT-bench's own eight categories would hold 1-2 of the ten
+# prompts each, too few for an interval, so its prompts count as "chat".
+KIND_OF_SET = {"humaneval": "code", "mtbench": "chat"}
+
+
 def prompts_of(params: dict, per_set: int) -> list[data.Prompt]:
-    return [p for name in params["prompt_sets"] for p in data.load_prompts(name, per_set, seed=params["seed"])]
+    """`per_set` prompts of each prompt set, labelled with the set's kind of text."""
+    return [replace(p, category=KIND_OF_SET.get(name, p.category))
+            for name in params["prompt_sets"] for p in data.load_prompts(name, per_set, seed=params["seed"])]
 
 
 def focus_category(rows: pd.DataFrame) -> str:
@@ -41,8 +48,9 @@ def focus_category(rows: pd.DataFrame) -> str:
 
 
 def run(params: dict) -> Tables:
-    """The line-up side by side, the k sweep, then (with `fp32_control`) the fp32 control. The bf16
-    models are gone by the time the fp32 ones load: `measure` holds the only references."""
+    """The line-up side by side (with the k sweep on its first prompts), then (with `fp32_control`)
+    the fp32 control. The bf16 models are gone by the time the fp32 ones load: `measure` holds the
+    only references."""
     tables = measure(params)
     if params["fp32_control"]:
         tables.control = fp32_control(params)
@@ -56,16 +64,29 @@ def measure(params: dict) -> Tables:
     universal = models.load(params["universal_draft"], dtype, device) if params["universal_draft"] else None
     prompts = prompts_of(params, params["num_prompts"])
     print(f"{len(prompts)} prompts:", ", ".join(f"{p.id} ({p.category})" for p in prompts))
+    c = draft_cost_ratio(target, draft) if params["hybrid"] or params["k_values"] else None
 
     methods = lineups.speculative_methods(target, draft, params["k"], params["max_new_tokens"],
                                           prompt_lookup_k=params["prompt_lookup_k"], universal_draft=universal,
-                                          transformers_defaults=params["transformers_defaults"])
-    rows = bench.run(methods, prompts, target.tokenizer, out=common.results_file(params, NOTEBOOK, "methods.jsonl"),
-                     repeats=params["repeats"], warmup=params["warmup"], config=params, desc="methods")
-    rows = metrics.add_agreement(rows, reference_decoder=lineups.TARGET_AR)
+                                          transformers_defaults=params["transformers_defaults"],
+                                          lossy=params["draft_then_score"], schedules=params["schedules"],
+                                          hybrid_cost_ratio=c if params["hybrid"] else None)
+    # The k sweep runs on the first `sweep_prompts` of each set, in the same units as the line-up:
+    # its speedups share the line-up's AR rows instead of timing an AR of their own.
+    names = {m.name for m in methods}
+    sweep_methods = [m for m in lineups.k_sweep(target, draft, params["k_values"], params["max_new_tokens"])
+                     if m.name not in names]
+    sweep_ids = {p.id for p in prompts_of(params, params["sweep_prompts"])} if params["k_values"] else set()
+    sweep_methods = sweep_methods if sweep_ids else []
+    all_rows = bench.run([*methods, *sweep_methods], prompts, target.tokenizer,
+                         out=common.results_file(params, NOTEBOOK, "methods.jsonl"), repeats=params["repeats"],
+                         warmup=params["warmup"], config=params, desc="methods",
+                         only_on={m.name: sweep_ids for m in sweep_methods})
+    rows = metrics.add_agreement(all_rows[all_rows.decoder.isin(names)], reference_decoder=lineups.TARGET_AR)
     table = metrics.summary(rows, baseline=lineups.TARGET_AR)
+    schedule = params["schedules"][0]
     ours, theirs = (next(m.name for m in methods if m.implementation == implementation and m.params.get("k") == params["k"]
-                         and m.params.get("schedule") == "constant" and m.params.get("source") == "draft model")
+                         and m.params.get("schedule") == schedule and m.params.get("source") == "draft model")
                     for implementation in ("ours", "transformers"))
     lossy = [m.name for m in methods if not m.lossless]
     first = rows[(rows.prompt_id == prompts[0].id) & (rows.repeat == 0)].set_index("decoder").text
@@ -73,13 +94,11 @@ def measure(params: dict) -> Tables:
     acceptance = metrics.acceptance_by_position(rows[rows.implementation == "ours"])
 
     sweep = None
-    if params["k_values"]:
-        sweep_methods = lineups.k_sweep(target, draft, params["k_values"], params["max_new_tokens"])
-        sweep_rows = bench.run(sweep_methods, prompts_of(params, params["sweep_prompts"]), target.tokenizer,
-                               out=common.results_file(params, NOTEBOOK, "k_sweep.jsonl"),
-                               repeats=params["sweep_repeats"], warmup=params["warmup"], config=params, desc="k sweep")
-        k_of = {m.name: m.params["k"] for m in sweep_methods if m.role == "speculative"}
-        sweep = metrics.k_sweep(sweep_rows, k_of, lineups.TARGET_AR, lineups.DRAFT_AR)
+    if sweep_methods:
+        k_of = {m.name: m.params["k"] for m in [*methods, *sweep_methods]
+                if m.implementation == "ours" and m.params.get("source") == "draft model"
+                and m.params.get("schedule") == "constant" and m.params["k"] in params["k_values"]}
+        sweep = metrics.k_sweep(all_rows[all_rows.prompt_id.isin(sweep_ids)], k_of, lineups.TARGET_AR, c)
 
     tables = Tables(rows, table, by_category(rows), focus_category(rows), ours, theirs, lossy, texts, acceptance,
                     sweep, None)
@@ -88,13 +107,34 @@ def measure(params: dict) -> Tables:
     return tables
 
 
+def draft_cost_ratio(target: models.LoadedModel, draft: models.LoadedModel) -> float:
+    """c = draft step / target step: T(1) of each after a 100-token prefix, median of 5, on this
+    machine now. Leviathan's prediction for the k sweep and the hybrid candidate source use it."""
+    cost = [hardware.forward_cost_curve(m.model, [1], prefix_tokens=100, repeats=5).ms.iloc[0] for m in (draft, target)]
+    print(f"draft cost ratio c = {cost[0]:.1f} ms / {cost[1]:.1f} ms = {cost[0] / cost[1]:.3f}")
+    return cost[0] / cost[1]
+
+
 def fp32_control(params: dict) -> pd.DataFrame:
-    """Every declared-lossless method of the line-up in fp32, against AR greedy of the fp32 target."""
-    target = models.load(params["target"], dtype="float32", device=params["device"])
-    draft = models.load(params["draft"], dtype="float32", device=params["device"])
+    """Every declared-lossless method of the line-up in fp32, against AR greedy of the fp32 target.
+
+    Lossless is a property of the decoder, not of the pair: `control_target` and `control_draft`
+    (default: the line-up's) can name a smaller pair, whose draft may be quantized and in another
+    dtype (only the target's arithmetic decides the output), so the control fits a CPU budget."""
+    target_spec = params["control_target"] or params["target"]
+    draft_spec = params["control_draft"] or params["draft"]
+    draft_quantization = params["control_draft_quantization"]
+    target = models.load(target_spec, dtype="float32", device=params["device"])
+    draft = models.load(draft_spec, dtype=params["control_draft_dtype"], device=params["device"],
+                        quantization=draft_quantization)
+    models.check_same_tokenizer(target.tokenizer, draft.tokenizer, target_spec, draft_spec)
+    print(f"fp32 control: target {target_spec} (float32), draft {draft_spec} "
+          f"({params['control_draft_dtype']}, quantization {draft_quantization})")
     methods = lineups.speculative_methods(target, draft, params["k"], params["control_max_new_tokens"],
                                           prompt_lookup_k=params["prompt_lookup_k"], lossy=False,
-                                          transformers_defaults=params["transformers_defaults"])
+                                          transformers_defaults=params["transformers_defaults"],
+                                          schedules=params["schedules"],
+                                          hybrid_cost_ratio=draft_cost_ratio(target, draft) if params["hybrid"] else None)
     prompts = prompts_of(params, params["control_prompts"])
     control = bench.run(methods, prompts, target.tokenizer, out=common.results_file(params, NOTEBOOK, "fp32_control.jsonl"),
                         repeats=1, warmup=0, config=params, desc="fp32 control")
@@ -159,6 +199,19 @@ def findings(tables: Tables) -> str:
     return text
 
 
+def hybrid_sources(rows: pd.DataFrame) -> pd.DataFrame:
+    """Per category: the share of steps the hybrid candidate source spent on each source (empty
+    when no hybrid ran)."""
+    hybrid = rows[rows.method_params.map(lambda p: p.get("source") == "hybrid")]
+    counts: dict[str, dict[str, int]] = {}
+    for category, extras in zip(hybrid.category, hybrid.extras):
+        for source, steps in extras.get("sources", {}).items():
+            counts.setdefault(category, {}).setdefault(source, 0)
+            counts[category][source] += steps
+    table = pd.DataFrame(counts).T.fillna(0)
+    return table.div(table.sum(axis=1), axis=0) if not table.empty else table
+
+
 def control_findings(control: pd.DataFrame) -> str:
     mismatched = control_mismatches(control)
     if mismatched.empty:
@@ -171,11 +224,6 @@ def texts_markdown(tables: Tables) -> str:
     return "\n\n".join(f"**{name}**\n\n```\n{text[:600]}\n```" for name, text in tables.texts.items())
 
 
-def prompt_set_of(prompt_id: str) -> str:
-    """'HumanEval/3' -> 'HumanEval', 'mtbench-81' -> 'mtbench'."""
-    return prompt_id.split("/")[0].split("-")[0]
-
-
 def markdown_by_category(results_dir: str) -> str:
     """The per-category table of the newest run in `results_dir` (its complete prompts only): what
     `python -m specdec_lab.experiments.speculative results/cpu` prints for the README."""
@@ -186,12 +234,16 @@ def markdown_by_category(results_dir: str) -> str:
     if not rows:
         raise FileNotFoundError(f"no rows in {path}: run notebook 02 first")
     newest = [row for row in rows if row["run_id"] == rows[-1]["run_id"]]
-    names = list(dict.fromkeys(row["decoder"] for row in newest))
-    complete = [row for unit in bench.complete_units(newest, names).values() for row in unit]
-    rows = metrics.add_agreement(pd.DataFrame(complete), reference_decoder=lineups.TARGET_AR)
-    # per prompt set (HumanEval, MT-bench): MT-bench's own 8 categories hold 1-2 of the prompts each
-    table = by_category(rows.assign(category=rows.prompt_id.map(prompt_set_of)))
-    lines = ["| prompts | method | speedup over AR (95% CI) | prompts | tokens/s | tokens per target forward "
+    # the line-up runs on every prompt; the k sweep's extra rows on the first few only
+    prompts_of_decoder: dict[str, set] = {}
+    for row in newest:
+        prompts_of_decoder.setdefault(row["decoder"], set()).add(row["prompt_id"])
+    every = max(len(ids) for ids in prompts_of_decoder.values())
+    names = [name for name, ids in prompts_of_decoder.items() if len(ids) == every]
+    complete = [row for unit in bench.complete_units([r for r in newest if r["decoder"] in names], names).values()
+                for row in unit]
+    table = by_category(metrics.add_agreement(pd.DataFrame(complete), reference_decoder=lineups.TARGET_AR))
+    lines = ["| kind of text | method | speedup over AR (95% CI) | prompts | tokens/s | tokens per target forward "
              "| agreement with greedy |", "|---|---|---|---|---|---|---|"]
     for row in table.itertuples():
         lines.append(f"| {row.category} | {row.method} | {row.speedup:.2f} ({row.speedup_low:.2f}-{row.speedup_high:.2f}) "

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import platform
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from pathlib import Path
 
 import pandas as pd
@@ -72,12 +72,15 @@ def run(
     config: Mapping | None = None,
     chat: bool = True,
     desc: str = "benchmark",
+    only_on: Mapping[str, Collection[str]] | None = None,
 ) -> pd.DataFrame:
     """Run every method on every prompt `repeats` times; return the rows (this configuration's, these
     prompts and repeats), running only those the file `out` does not already hold.
 
     Methods run interleaved (prompt -> repeat -> method) so slow drifts of the machine hit every
-    method alike; `warmup` untimed runs per method on the first prompt come first.
+    method alike; `warmup` untimed runs per method on the first prompt come first. `only_on` maps a
+    method name to the prompt ids it runs on (all prompts when absent): a sweep on a few prompts
+    then shares the baseline rows of the same units instead of timing its own.
     """
     if not methods:
         raise ValueError("no methods given: pass a list of Method records")
@@ -88,9 +91,19 @@ def run(
         raise ValueError("empty prompt set: check prompt_set and num_prompts in the parameters")
     if repeats < 1:
         raise ValueError(f"repeats must be >= 1, got {repeats}")
+    only_on = {name: set(ids) for name, ids in (only_on or {}).items()}
+    unknown = sorted(set(only_on) - set(names))
+    if unknown:
+        raise ValueError(f"only_on names methods that are not in the run: {unknown}; known are {names}")
+
+    def names_on(prompt_id: str) -> list[str]:
+        return [name for name in names if name not in only_on or prompt_id in only_on[name]]
+
     run_config = {"config": dict(config or {}), "decoders": sorted(names), "chat": chat}
+    if only_on:
+        run_config["only_on"] = {name: sorted(ids) for name, ids in sorted(only_on.items())}
     run_id = jsonl.config_hash(run_config)
-    complete = complete_units(jsonl.rows_of_run(out, run_id), names)
+    complete = complete_units(jsonl.rows_of_run(out, run_id), names_on)
     units = [(p, rep) for p in prompts for rep in range(repeats) if (p.id, rep) not in complete]
     encoded = {p.id: encode(tokenizer, p, chat=chat) for p in prompts}
 
@@ -103,6 +116,8 @@ def run(
     bar = tqdm(units, desc=desc, initial=done, total=done + len(units), unit="prompt")
     for prompt, repeat in bar:
         for method in methods:
+            if method.name not in names_on(prompt.id):
+                continue
             bar.set_postfix_str(method.name)
             result = method(encoded[prompt.id])
             jsonl.append(out, result_row(result, tokenizer, run_id=run_id, process=process, **method.labels(),
@@ -110,19 +125,23 @@ def run(
                                          config=run_config["config"], env=env))
 
     # the file may hold more of this configuration (an earlier run over more prompts or repeats): not asked for now
-    complete = complete_units(jsonl.rows_of_run(out, run_id), names)
+    complete = complete_units(jsonl.rows_of_run(out, run_id), names_on)
     rows = [row for p in prompts for rep in range(repeats) for row in complete[(p.id, rep)]]
     return pd.DataFrame(rows)
 
 
-def complete_units(rows: list[dict], names: Sequence[str]) -> dict[tuple[str, int], list[dict]]:
-    """(prompt_id, repeat) -> the rows of its latest complete unit: every method's row, all written
-    by one process. Units an interruption left incomplete are absent (they are run again whole)."""
+def complete_units(rows: list[dict], names: Sequence[str] | Callable[[str], Sequence[str]]
+                   ) -> dict[tuple[str, int], list[dict]]:
+    """(prompt_id, repeat) -> the rows of its latest complete unit: every method's row (`names`, or
+    `names(prompt_id)` where methods run on some prompts only), all written by one process. Units an
+    interruption left incomplete are absent (they are run again whole)."""
+    names_on = names if callable(names) else (lambda prompt_id: names)
     by_process: dict[tuple, dict[str, dict]] = {}
     for row in rows:
         by_process.setdefault((row["prompt_id"], row["repeat"], row.get("process")), {})[row["decoder"]] = row
     complete = {}
     for (prompt_id, repeat, _), written in by_process.items():  # in file order: a later process wins
-        if set(names) <= set(written):
-            complete[(prompt_id, repeat)] = [written[name] for name in names]
+        expected = names_on(prompt_id)
+        if set(expected) <= set(written):
+            complete[(prompt_id, repeat)] = [written[name] for name in expected]
     return complete
