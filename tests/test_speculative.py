@@ -433,3 +433,11 @@ def test_hybrid_sampling_matches_the_target_distribution():
     assert worst < tv_limit(samples), worst
     assert late_rejections >= 20, late_rejections
     assert candidates.sources[0] == "prompt lookup + draft model"
+
+
+def test_hybrid_joined_proposal_covers_looked_up_ids_beyond_a_narrow_draft_head():
+    """A looked-up id the draft's (narrower) head has no column for gets q one-hot on it, not an IndexError."""
+    drafted = Candidates([1], torch.full((1, 4), 0.25))
+    joined = HybridCandidates._joined([6, 2], drafted, Sampling(temperature=1.0))
+    assert joined.token_ids == [6, 2, 1] and tuple(joined.probs.shape) == (3, 7)
+    assert joined.probs[0, 6] == 1 and joined.probs[1, 2] == 1 and joined.probs[2, :4].sum() == 1

@@ -296,9 +296,12 @@ class HybridCandidates:
         """Looked-up tokens then drafted ones; under sampling, q is one-hot on each looked-up token."""
         if sampling.greedy or drafted.probs is None:
             return Candidates(looked_up + drafted.token_ids)
-        one_hot = torch.zeros(len(looked_up), drafted.probs.shape[-1], device=drafted.probs.device)
+        # a draft head narrower than the target's may not cover a looked-up id: pad q (zero mass) to it
+        width = max(drafted.probs.shape[-1], max(looked_up) + 1)
+        q = torch.nn.functional.pad(drafted.probs, (0, width - drafted.probs.shape[-1]))
+        one_hot = torch.zeros(len(looked_up), width, device=q.device)
         one_hot[torch.arange(len(looked_up)), torch.tensor(looked_up)] = 1.0
-        return Candidates(looked_up + drafted.token_ids, torch.cat([one_hot, drafted.probs]))
+        return Candidates(looked_up + drafted.token_ids, torch.cat([one_hot, q]))
 
     def update(self, tokens, num_accepted, num_proposed) -> None:
         self.draft.update(tokens, 0, 0)  # the draft's cache back to the accepted prefix, whoever proposed
