@@ -137,7 +137,6 @@ class PromptLookupCandidates:
         if match not in ("latest", "longest"):
             raise ValueError(f"unknown prompt-lookup match rule {match!r}: use 'latest' or 'longest'")
         self.k, self.max_ngram, self.min_ngram, self.match = int(k), max_ngram, min_ngram, match
-        self.length = DraftLength(k, "constant")  # validates k
         self.min_accepted_per_step, self.min_tries = min_accepted_per_step, min_tries
         self.reset()
 

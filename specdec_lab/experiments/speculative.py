@@ -76,8 +76,7 @@ def measure(params: dict) -> Tables:
     names = {m.name for m in methods}
     sweep_methods = [m for m in lineups.k_sweep(target, draft, params["k_values"], params["max_new_tokens"])
                      if m.name not in names]
-    sweep_ids = {p.id for p in prompts_of(params, params["sweep_prompts"])} if params["k_values"] else set()
-    sweep_methods = sweep_methods if sweep_ids else []
+    sweep_ids = {p.id for p in prompts_of(params, params["sweep_prompts"])}
     all_rows = bench.run([*methods, *sweep_methods], prompts, target.tokenizer,
                          out=common.results_file(params, NOTEBOOK, "methods.jsonl"), repeats=params["repeats"],
                          warmup=params["warmup"], config=params, desc="methods",
@@ -203,13 +202,11 @@ def hybrid_sources(rows: pd.DataFrame) -> pd.DataFrame:
     """Per category: the share of steps the hybrid candidate source spent on each source (empty
     when no hybrid ran)."""
     hybrid = rows[rows.method_params.map(lambda p: p.get("source") == "hybrid")]
-    counts: dict[str, dict[str, int]] = {}
-    for category, extras in zip(hybrid.category, hybrid.extras):
-        for source, steps in extras.get("sources", {}).items():
-            counts.setdefault(category, {}).setdefault(source, 0)
-            counts[category][source] += steps
-    table = pd.DataFrame(counts).T.fillna(0)
-    return table.div(table.sum(axis=1), axis=0) if not table.empty else table
+    if hybrid.empty:
+        return pd.DataFrame()
+    steps = pd.DataFrame([extras.get("sources", {}) for extras in hybrid.extras], index=hybrid.category.values)
+    steps = steps.fillna(0).groupby(level=0, sort=False).sum()
+    return steps.div(steps.sum(axis=1), axis=0)
 
 
 def control_findings(control: pd.DataFrame) -> str:
