@@ -14,7 +14,7 @@ ROLES = (
     "target AR",  # plain autoregressive decoding of the target: the baseline of every speedup
     "draft AR",  # autoregressive decoding of the draft (for the cost ratio c)
     "speculative",  # a candidate source + target verification (draft model, prompt lookup)
-    "parallel",  # Jacobi decoding
+    "parallel",  # Jacobi and lookahead decoding: the target guesses several of its own tokens a pass
     "lossy",  # returns another model's text in place of the target's (draft-then-score)
 )
 IMPLEMENTATIONS = ("ours", "transformers", "llama.cpp")

@@ -14,6 +14,7 @@ import yaml
 
 from specdec_lab import models
 from specdec_lab.cllm.constants import CONSISTENCY_KINDS, CONSISTENCY_TARGETS, MIXED_PRECISION
+from specdec_lab.decoders import lookahead
 from specdec_lab.decoders.jacobi import INITS
 from specdec_lab.models import quantize, zoo
 from specdec_lab.runs.paths import NOTEBOOKS_DIR
@@ -144,6 +145,21 @@ def _open_fraction(name: str, value) -> str | None:
     return None
 
 
+def _lookahead_configs(name: str, value) -> str | None:
+    if not isinstance(value, list):
+        return f"{name} must be a list of lookahead configs (empty: no lookahead rows), got {value!r}"
+    problem = next((p for p in map(lookahead.config_problem, value) if p), None)
+    return f"{name}: {problem}" if problem else None
+
+
+def _model_dtype_list(name: str, value) -> str | None:
+    example = "[{model: smollm2-135m-instruct, dtype: float32}]"
+    if not isinstance(value, list) or any(not isinstance(v, dict) or set(v) != {"model", "dtype"} for v in value):
+        return f"{name} must be a list of {{model, dtype}} mappings like {example}, got {value!r}"
+    return next((p for p in (_model_spec(name, v["model"]) or _one_of(sorted(models.DTYPES))(name, v["dtype"])
+                             for v in value) if p), None)
+
+
 RULES: dict[str, Callable[[str, object], str | None]] = {
     "max_new_tokens": _positive_int,
     "num_prompts": _positive_int,
@@ -174,6 +190,7 @@ RULES: dict[str, Callable[[str, object], str | None]] = {
     # 02_speculative
     "schedules": _schedule_list,
     "sweep_prompts": _positive_int,
+    "picker_prompts": _non_negative_int,  # 0: no draft picker
     "control_prompts": _positive_int,
     "control_max_new_tokens": _positive_int,
     "control_target": _model_spec,
@@ -199,6 +216,8 @@ RULES: dict[str, Callable[[str, object], str | None]] = {
     "reference_model": _model_spec,
     "reference_dtype": _one_of(sorted(models.DTYPES)),
     "reference_prompts": _positive_int,
+    "lookahead_configs": _lookahead_configs,
+    "cost_curve_models": _model_dtype_list,
 }
 
 

@@ -88,13 +88,14 @@ def k_sweep(table: pd.DataFrame, title: str = "Draft length k: measured and pred
     return _finish(fig, title)
 
 
-def predicted_vs_measured(table: pd.DataFrame, title: str = "Predicted vs measured speedup"):
-    """Scatter of Leviathan's predicted speedup against the measured one (the diagonal is a perfect model)."""
+def predicted_vs_measured(table: pd.DataFrame, title: str = "Predicted vs measured speedup",
+                          xlabel: str = "predicted (1 - a^(k+1)) / ((1 - a)(kc + 1))"):
+    """Scatter of a predicted speedup against the measured one (the diagonal is a perfect model)."""
     fig, ax = plt.subplots(figsize=(5.5, 5))
     sns.scatterplot(data=table, x="predicted_speedup", y="speedup", hue=table.get("label"), s=70, ax=ax)
     top = max(table.predicted_speedup.max(), table.speedup.max()) * 1.1
     ax.plot([0, top], [0, top], "k--", linewidth=1)
-    ax.set(xlim=(0, top), ylim=(0, top), xlabel="predicted (1 - a^(k+1)) / ((1 - a)(kc + 1))", ylabel="measured")
+    ax.set(xlim=(0, top), ylim=(0, top), xlabel=xlabel, ylabel="measured")
     return _finish(fig, title)
 
 

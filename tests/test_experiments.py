@@ -63,6 +63,40 @@ def test_train_config_takes_the_notebook_parameters_by_name():
                                        consistency_target="hard", mixed_precision="bf16", checkpoint_every=4, seed=9)
 
 
+def test_block_table_reads_jacobi_rows_only():
+    stats = {"block_size": 4, "init": "repeat_last", "blocks": [{"iterations": 3, "fast_forward": 1, "stationary": 0}]}
+    rows = pd.DataFrame([row(lineups.BASE_JACOBI, jacobi=stats, role="parallel"),
+                         row("Lookahead W=5 N=3 G=5 (base)", jacobi=None, role="parallel")])
+    blocks = cllm.block_table(rows)
+    assert list(blocks.decoder) == [lineups.BASE_JACOBI] and list(blocks.iterations) == [3]
+
+
+def curves() -> pd.DataFrame:
+    """T(n)/T(1) of a model where tokens are nearly free (flat) and one where they are not (steep)."""
+    n = [1, 8, 16, 32]
+    return pd.concat([pd.DataFrame({"n": n, "relative_to_one": [1.0, 1.1, 1.3, 1.6], "model": "flat", "dtype": "bf16"}),
+                      pd.DataFrame({"n": n, "relative_to_one": [1.0, 1.7, 2.0, 3.0], "model": "steep", "dtype": "fp32"})])
+
+
+def test_break_even_is_the_cost_of_the_tokens_one_pass_carries():
+    table = cllm.break_even_table(curves(), 16, [{"window": 5, "ngram_size": 3, "candidates": 5},
+                                                 {"window": 15, "ngram_size": 5, "candidates": 15}])
+    be = table.set_index(["model", "method"]).break_even_tokens_per_forward
+    assert be["flat (bf16)", "Jacobi, block of 16"] == pytest.approx(1.3)
+    assert be["steep (fp32)", "Jacobi, block of 8"] == pytest.approx(1.7)
+    # a pass of 1 + (5 + 5)(3 - 1) = 21 tokens, linear between T(16) and T(32)
+    assert be["flat (bf16)", "Lookahead W=5 N=3 G=5"] == pytest.approx(1.3 + 5 / 16 * 0.3)
+    assert pd.isna(be["flat (bf16)", "Lookahead W=15 N=5 G=15"])  # 121 tokens: beyond the curve, not extrapolated
+
+
+def test_cllm_pick_takes_the_largest_block_that_can_pay():
+    table = cllm.break_even_table(curves(), 16, [])
+    pick = cllm.cllm_pick(table, reachable=1.5)
+    assert (pick.model, pick.tokens_per_pass) == ("flat (bf16)", 16)
+    assert cllm.cllm_pick(table, reachable=1.05) is None
+    assert cllm.cllm_pick(table, reachable=3.0).model == "flat (bf16)"  # block 32 on both: the cheaper one
+
+
 def synthetic_cllm_tables() -> cllm.Tables:
     names = [lineups.BASE_AR, lineups.BASE_JACOBI, lineups.CLLM_JACOBI]
     table = pd.DataFrame({"tokens_per_target_forward": [1.0, 1.05, 1.4], "speedup": [1.0, 0.5, 0.7],
@@ -79,7 +113,8 @@ def synthetic_cllm_tables() -> cllm.Tables:
         block_stats=pd.DataFrame({"iterations_per_block": [7.5, 5.0]}, index=names[1:]),
         seen_and_held_out=both,
         tokens_per_forward_by_prompts=pd.DataFrame({"training databases": [1.1, 1.6]}, index=names[1:]),
-        nll=pd.DataFrame({"model": ["base", "CLLM"], "nll_per_token": [0.7, 1.4]}), looping=1)
+        nll=pd.DataFrame({"model": ["base", "CLLM"], "nll_per_token": [0.7, 1.4]}), looping=1,
+        cost_curves=curves(), break_even=cllm.break_even_table(curves(), 16, []))
 
 
 def test_cllm_findings_say_what_the_tables_hold():
@@ -89,9 +124,26 @@ def test_cllm_findings_say_what_the_tables_hold():
                      "costs 2.00x an AR step", "0.50x for the base model and 0.70x for the CLLM", "25%",
                      "from 0.700 to 1.400", "1 of the CLLM's 2 held-out answers loop"):
         assert expected in text, expected
+    cost = cllm.cost_findings(synthetic_cllm_tables(), {"model": "steep", "dtype": "fp32", "block_size": 16})
+    assert "costs **2.00x** an AR step of steep (fp32)" in cost and "favour **flat (bf16)** with blocks of **16**" in cost
     headline = cllm.headline(synthetic_cllm_tables())
     assert headline["Jacobi tokens/forward, CLLM on training prompts"] == 1.6
     assert headline["Jacobi (CLLM) speedup over AR (per token)"] == "0.70x (95% CI 0.60-0.80, 2 prompts)"
+
+
+def test_reference_findings_say_whether_the_best_parallel_method_pays():
+    tables = synthetic_cllm_tables()
+    tables.reference_table = pd.DataFrame(
+        {"tokens_per_target_forward": [1.0, 1.3, 1.5], "ms_per_forward": [100.0, 120.0, 125.0],
+         "speedup": [1.0, 1.08, 1.2], "speedup_low": [1.0, 0.95, 1.05], "speedup_high": [1.0, 1.2, 1.3],
+         "prompts": [3, 3, 3], "agreement": [1.0, 1.0, 1.0]}, index=[lineups.BASE_AR, "Lookahead A", "Lookahead B"])
+    text = cllm.reference_findings(tables, {"reference_model": "big", "reference_dtype": "bf16", "max_new_tokens": 32})
+    assert "- Lookahead A: **1.30** tokens per forward at 1.20x the time of an AR step: **1.08x** AR (95% CI 0.95-1.20)" in text
+    assert "The best, Lookahead B, pays here" in text
+    tables.reference_table.loc["Lookahead B", "speedup_low"] = 0.99
+    assert "does not pay beyond the noise" in cllm.reference_findings(tables, {"reference_model": "big",
+                                                                               "reference_dtype": "bf16",
+                                                                               "max_new_tokens": 32})
 
 
 # --- the summary: declared properties, ranked within an experiment ---------------------------------

@@ -76,3 +76,20 @@ def test_a_draft_with_another_tokenizer_is_refused_before_loading_weights():
     assert found and "different vocabularies" in found[0]
     same_tokenizer = str(zoo.ensure("smollm2-135m-instruct"))  # the same model as a local folder
     assert params.pair_problems({"target": "smollm2-135m-instruct", "draft": same_tokenizer}) == []
+
+
+CLLM_GOOD = params.load_yaml(REPO_ROOT / "params/smoke/04_cllm.yaml")
+
+
+@pytest.mark.parametrize("change, message", [
+    ({"lookahead_configs": [{"window": 5}]}, "lookahead_configs: a lookahead config is a mapping with window and ngram_size"),
+    ({"lookahead_configs": [{"window": 5, "ngram_size": 1}]}, "ngram_size must be an integer >= 2, got 1"),
+    ({"lookahead_configs": [{"window": 5, "ngram_size": 3, "W": 2}]}, "keys ['window', 'ngram_size'"),
+    ({"lookahead_configs": [{"window": 5, "ngram_size": 3, "pool_from_prompt": "yes"}]}, "pool_from_prompt must be"),
+    ({"cost_curve_models": [{"model": "smollm2-135m-instruct"}]}, "list of {model, dtype} mappings"),
+    ({"cost_curve_models": [{"model": "gpt-17", "dtype": "float32"}]}, "unknown model 'gpt-17'"),
+    ({"cost_curve_n": [2, 4]}, "starts with 1"),
+])
+def test_bad_parallel_decoding_values_are_named(change, message):
+    found = params.problems("04_cllm", CLLM_GOOD | change)
+    assert any(message in problem for problem in found), found

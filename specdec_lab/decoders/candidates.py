@@ -211,7 +211,8 @@ class HybridCandidates:
     - **prompt lookup**, when the sequence's end matches earlier text and matches of that kind
       (length) have been accepted: its proposals cost no model forward;
     - **prompt lookup continued by the draft model**, when a lookup proposal runs out (the match
-      reaches the sequence's end) and drafting pays: the draft continues after the looked-up tokens;
+      reaches the sequence's end) and drafting pays: the draft continues after the looked-up tokens
+      (`extend_lookups=False` turns this off);
     - **the draft model**, while Leviathan's expected speedup at the draft's acceptance so far
       (a prior of `prior_acceptance` over `prior_tokens` tokens, then counted) exceeds 1;
     - **nothing**, a plain AR step, when neither is expected to pay. Every `explore_every` steps
@@ -226,15 +227,16 @@ class HybridCandidates:
 
     def __init__(self, draft_model, k: int = 5, prompt_lookup_k: int = 10, cost_ratio: float = 0.3,
                  prior_acceptance: float = 0.6, prior_tokens: int = 10, explore_every: int = 8,
-                 confidence_threshold: float = 0.4):
+                 confidence_threshold: float = 0.4, extend_lookups: bool = True, draft=None):
         if not 0 < cost_ratio:
             raise ValueError(f"cost_ratio (draft step / target step) must be > 0, got {cost_ratio}")
         if not 0 <= prior_acceptance < 1:
             raise ValueError(f"prior_acceptance must be in [0, 1), got {prior_acceptance}")
-        self.draft = DraftModelCandidates(draft_model, k, "heuristic", confidence_threshold)
+        # `draft`: another draft candidate source with the same rules (the picker's replayed draft)
+        self.draft = draft or DraftModelCandidates(draft_model, k, "heuristic", confidence_threshold)
         self.lookup = PromptLookupCandidates(prompt_lookup_k)
         self.cost_ratio, self.prior_acceptance, self.prior_tokens = cost_ratio, prior_acceptance, prior_tokens
-        self.explore_every = explore_every
+        self.explore_every, self.extend_lookups = explore_every, extend_lookups
         self.reset(vocab_size=None)
 
     def reset(self, vocab_size: int | None) -> None:
@@ -275,7 +277,7 @@ class HybridCandidates:
             self.source, self.looked_up = "prompt lookup", len(looked_up)
             room = max_candidates - len(looked_up)
             runs_out = len(looked_up) < self.lookup.lengths[self.lookup.kind].k
-            if room > 0 and runs_out and (draft_speedup > 1.0 or explore):
+            if self.extend_lookups and room > 0 and runs_out and (draft_speedup > 1.0 or explore):
                 self.source = "prompt lookup + draft model"
                 drafted = self.draft.propose(list(tokens) + looked_up, room, sampling, rng)
                 return self._chosen(self._joined(looked_up, drafted, sampling))

@@ -1,6 +1,8 @@
-"""Notebook 04: Jacobi decoding and a consistency LLM (CLLM). Collect the base model's Jacobi
-trajectories, fine-tune the CLLM on them, then measure AR vs Jacobi (base) vs Jacobi (CLLM) on
-held-out databases: tokens per forward, speed, per-block statistics, and the quality drift."""
+"""Notebook 04: parallel decoding. The cost of a forward over n tokens, T(n), per model, and the
+tokens per forward at which Jacobi or lookahead decoding breaks even; the base model's Jacobi
+trajectories, a consistency LLM (CLLM) fine-tuned on them, then AR vs Jacobi (base) vs Jacobi
+(CLLM) vs lookahead (base) on held-out databases: tokens per forward, speed, per-block statistics,
+quality drift; and AR vs lookahead (vs Jacobi) on a reference model where T(n) is flat."""
 
 from __future__ import annotations
 
@@ -11,8 +13,11 @@ from pathlib import Path
 import pandas as pd
 import torch
 
-from specdec_lab import data, metrics, models, quality
+import numpy as np
+
+from specdec_lab import data, hardware, metrics, models, quality
 from specdec_lab.cllm import train, trajectories
+from specdec_lab.decoders.lookahead import tokens_per_pass
 from specdec_lab.experiments import common, lineups
 from specdec_lab.models import LoadedModel
 from specdec_lab.result import JacobiStats
@@ -36,7 +41,9 @@ class Tables:
     tokens_per_forward_by_prompts: pd.DataFrame  # method x (training / held-out databases)
     nll: pd.DataFrame  # NLL of the base model's held-out answers under base and CLLM
     looping: int  # CLLM held-out answers that loop
-    reference_table: pd.DataFrame | None = None  # Jacobi on an untrained larger model
+    cost_curves: pd.DataFrame  # T(n) per model: model, dtype, n, ms, relative_to_one
+    break_even: pd.DataFrame  # per model and parallel method: tokens per forward needed to beat AR
+    reference_table: pd.DataFrame | None = None  # AR vs lookahead (vs Jacobi) on an untrained larger model
     reference_blocks: pd.DataFrame | None = None
 
 
@@ -59,9 +66,16 @@ def train_config(params: dict) -> train.TrainConfig:
     return train.TrainConfig(steps=params["train_steps"], **{k: v for k, v in params.items() if k in names - {"steps"}})
 
 
+def cost_curve(loaded: LoadedModel, spec: str, dtype: str, params: dict) -> pd.DataFrame:
+    """T(n) of one model (`hardware.forward_cost_curve`, the curve notebooks 01 and 03 use)."""
+    curve = hardware.forward_cost_curve(loaded.model, params["cost_curve_n"], repeats=params["cost_curve_repeats"])
+    return curve.assign(model=spec, dtype=dtype)
+
+
 def run(params: dict) -> Tables:
     model, dtype, device = params["model"], params["dtype"], params["device"]
     base = models.load(model, dtype=dtype, device=device)
+    curves = {(model, dtype): cost_curve(base, model, dtype, params)}
     train_set, held_out_set = split(params)
     print(f"training: {len(train_set)} prompts over {len(groups(train_set))} databases")
     print(f"held out: {len(held_out_set)} prompts over databases never trained on: {', '.join(groups(held_out_set))}")
@@ -79,13 +93,14 @@ def run(params: dict) -> Tables:
     print(f"CLLM in {cllm_folder}; {len(losses)} steps, {losses.step_s.sum() / 60:.1f} min of training")
 
     measured = {**params, "cllm": cllm_folder.parent.name}
-    methods = lineups.cllm(base, cllm, params["max_new_tokens"], params["block_size"], params["init"])
+    methods = lineups.cllm(base, cllm, params["max_new_tokens"], params["block_size"], params["init"],
+                           lookahead_configs=params["lookahead_configs"])
     rows = bench.run(methods, held_out_set, base.tokenizer, out=common.results_file(params, NOTEBOOK, "held_out.jsonl"),
                      repeats=params["repeats"], warmup=params["warmup"], config=measured, desc="held-out")
     table = metrics.summary(rows, baseline=lineups.BASE_AR)
     summary = common.summary_lines(table, methods)
     table["ms_per_forward"] = ms_per_forward(rows)
-    blocks = block_table(rows[rows.role == "parallel"])
+    blocks = block_table(rows)
 
     trained_on = {record["prompt_id"] for record in kept}  # looping generations were left out of training
     seen_rows = bench.run(lineups.cllm(base, cllm, params["max_new_tokens"], params["block_size"], params["init"],
@@ -94,27 +109,51 @@ def run(params: dict) -> Tables:
                           out=common.results_file(params, NOTEBOOK, "training_prompts.jsonl"), repeats=1, warmup=0,
                           config=measured, desc="training prompts")
     both = seen_and_held_out(seen_rows, rows)
+    nll = held_out_nll({"base": base, "CLLM": cllm}, rows, held_out_set)
+    del cllm, methods, base
+
+    reference_rows = None
+    if params["reference_model"]:
+        reference, spec, ref_dtype = load_reference(params)
+        curves[(spec, ref_dtype)] = cost_curve(reference, spec, ref_dtype, params)
+        reference_rows = run_reference(reference, params, held_out_set)
+        del reference
+    for entry in params["cost_curve_models"]:  # the other models the cost curves compare
+        key = (entry["model"], entry["dtype"])
+        if key not in curves:
+            other = models.load(key[0], dtype=key[1], device=device)
+            curves[key] = cost_curve(other, *key, params)
+            del other
+    cost_curves = pd.concat(curves.values(), ignore_index=True)
+    cost_curves.to_csv(common.results_file(params, NOTEBOOK, "cost_curves.csv"), index=False)
+
     tables = Tables(
         train_set, held_out_set, trajectories.summary(records), losses, cllm_folder, rows, table, blocks,
         block_summary(blocks), both,
         both.pivot_table(index="decoder", columns="prompts", values="tokens_per_target_forward"),
-        held_out_nll({"base": base, "CLLM": cllm}, rows, held_out_set), looping_answers(rows, lineups.CLLM_JACOBI))
+        nll, looping_answers(rows, lineups.CLLM_JACOBI), cost_curves,
+        break_even_table(cost_curves, params["block_size"], params["lookahead_configs"]))
+    if reference_rows is not None:
+        tables.reference_table = metrics.summary(reference_rows, baseline=lineups.BASE_AR)
+        tables.reference_table["ms_per_forward"] = ms_per_forward(reference_rows)
+        tables.reference_blocks = block_summary(block_table(reference_rows))
     common.write_outputs(params, NOTEBOOK, summary, headline(tables), model=model, dtype=dtype)
-    del cllm, methods
-    if params["reference_model"]:
-        reference_model(params, held_out_set, tables)
     return tables
 
 
-def reference_model(params: dict, held_out_set: list[data.Prompt], tables: Tables) -> None:
-    """Jacobi decoding on an untrained (larger) model: what it gives a plain model of that size."""
-    reference = models.load(params["reference_model"], dtype=params["reference_dtype"], device=params["device"])
-    rows = bench.run(lineups.cllm(reference, None, params["max_new_tokens"], params["block_size"], params["init"]),
-                     held_out_set[:params["reference_prompts"]], reference.tokenizer,
-                     out=common.results_file(params, NOTEBOOK, "reference_model.jsonl"),
-                     repeats=1, warmup=params["warmup"], config=params, desc=params["reference_model"])
-    tables.reference_table = metrics.summary(rows, baseline=lineups.BASE_AR)
-    tables.reference_blocks = block_summary(block_table(rows[rows.role == "parallel"]))
+def load_reference(params: dict) -> tuple[LoadedModel, str, str]:
+    spec, dtype = params["reference_model"], params["reference_dtype"]
+    return models.load(spec, dtype=dtype, device=params["device"]), spec, dtype
+
+
+def run_reference(reference: LoadedModel, params: dict, held_out_set: list[data.Prompt]) -> pd.DataFrame:
+    """AR vs lookahead decoding (and Jacobi, if asked) on an untrained larger model, on the first
+    held-out prompts: what the training-free parallel decoders give where T(n) is flat."""
+    methods = lineups.cllm(reference, None, params["max_new_tokens"], params["block_size"], params["init"],
+                           with_jacobi=params["reference_jacobi"], lookahead_configs=params["lookahead_configs"])
+    return bench.run(methods, held_out_set[:params["reference_prompts"]], reference.tokenizer,
+                     out=common.results_file(params, NOTEBOOK, "reference_model.jsonl"), repeats=params["repeats"],
+                     warmup=params["warmup"], config=params, desc=params["reference_model"])
 
 
 # --- analysis on rows -------------------------------------------------------------------------------
@@ -135,14 +174,16 @@ def looping_answers(rows: pd.DataFrame, decoder: str) -> int:
 def seen_and_held_out(seen: pd.DataFrame, held_out: pd.DataFrame) -> pd.DataFrame:
     """The Jacobi rows on training prompts and on held-out ones, labelled in a `prompts` column. A
     CLLM that gains on the prompts it trained on but not on new ones has learned them, not the task."""
+    held_out = held_out[held_out.decoder.isin(set(seen.decoder))]
     both = pd.concat([seen.assign(prompts="training databases"), held_out.assign(prompts="held-out databases")])
     return both[both.role == "parallel"].reset_index(drop=True)
 
 
 def block_table(rows: pd.DataFrame) -> pd.DataFrame:
-    """One row per Jacobi block: iterations to converge, fast-forwarded and stationary tokens."""
+    """One row per Jacobi block (of the rows that are Jacobi decoding): iterations to converge,
+    fast-forwarded and stationary tokens."""
     records = []
-    for row in rows.itertuples():
+    for row in rows[rows.jacobi.notna()].itertuples() if "jacobi" in rows else ():
         for index, block in enumerate(JacobiStats.from_dict(row.jacobi).blocks):
             records.append({"decoder": row.decoder, "prompt_id": row.prompt_id, "repeat": row.repeat, "block": index,
                             "iterations": block.iterations, "fast_forward": block.fast_forward,
@@ -170,6 +211,58 @@ def held_out_nll(loaded: dict[str, LoadedModel], rows: pd.DataFrame, prompts: Se
             nll = quality.continuation_nll(model.model, data.encode(model.tokenizer, prompt), reference[prompt.id])
             records.append({"model": name, "prompt_id": prompt.id, "nll_per_token": float(nll.mean())})
     return pd.DataFrame(records)
+
+
+# --- the cost curve: where parallel decoding can pay ------------------------------------------------
+
+def relative_cost(curve: pd.DataFrame, n: int) -> float:
+    """T(n) / T(1) from one model's curve, linear between measured n; NaN beyond the largest."""
+    if n > curve.n.max():
+        return float("nan")
+    return float(np.interp(n, curve.n, curve.relative_to_one))
+
+
+def break_even_table(curves: pd.DataFrame, block_size: int, lookahead_configs) -> pd.DataFrame:
+    """Per model: the tokens per forward at which each parallel method beats AR, T(n) / T(1) with n
+    the tokens one pass carries: a Jacobi block of 8, 16 (and the profile's block size) or 32, and
+    each lookahead config's 1 + (W + G)(N - 1)."""
+    methods = {f"Jacobi, block of {b}": b for b in sorted({8, 16, 32, block_size})}
+    for config in lookahead_configs:
+        n = tokens_per_pass(config["window"], config["ngram_size"], config.get("candidates", config["window"]))
+        methods[f"Lookahead {lineups.lookahead_label(config)}"] = n
+    records = []
+    for (model, dtype), curve in curves.groupby(["model", "dtype"], sort=False):
+        for method, n in methods.items():
+            records.append({"model": f"{model} ({dtype})", "method": method, "tokens_per_pass": n,
+                            "break_even_tokens_per_forward": relative_cost(curve, n)})
+    return pd.DataFrame(records)
+
+
+def cllm_pick(break_even: pd.DataFrame, reachable: float = 1.5) -> pd.Series | None:
+    """The (model, Jacobi block) the cost curve favours for a CLLM: among blocks that break even at
+    or below `reachable` tokens per forward (what a CLLM should reach, the issue's target), the
+    largest block, then the cheapest. None when no model's block is that cheap."""
+    jacobi = break_even[break_even.method.str.startswith("Jacobi")]
+    cheap = jacobi[jacobi.break_even_tokens_per_forward <= reachable]
+    if cheap.empty:
+        return None
+    return cheap.sort_values(["tokens_per_pass", "break_even_tokens_per_forward"], ascending=[False, True]).iloc[0]
+
+
+def cost_findings(tables: Tables, params: dict) -> str:
+    be = tables.break_even
+    own = be[be.model == f"{params['model']} ({params['dtype']})"].set_index("method").break_even_tokens_per_forward
+    jacobi = f"Jacobi, block of {params['block_size']}"
+    pick = cllm_pick(be)
+    text = (f"A Jacobi iteration over a block of {params['block_size']} costs **{own[jacobi]:.2f}x** an AR step of "
+            f"{params['model']} ({params['dtype']}) here, so Jacobi decoding or a CLLM on it needs more than "
+            f"{own[jacobi]:.2f} tokens per forward to beat AR. ")
+    if pick is None:
+        return text + "No measured model has a Jacobi block that breaks even at 1.5 tokens per forward or less."
+    return text + (f"The cost curves favour **{pick.model}** with blocks of **{pick.tokens_per_pass}** for a CLLM: "
+                   f"there a block breaks even at {pick.break_even_tokens_per_forward:.2f} tokens per forward, the "
+                   f"largest block within the 1.5 tokens per forward a CLLM should reach. The `cpu` profile trains "
+                   f"{params['model']} all the same, because a larger model's training does not fit its budget.")
 
 
 # --- words and headline -----------------------------------------------------------------------------
@@ -212,8 +305,16 @@ def findings(tables: Tables, params: dict) -> str:
 
 
 def reference_findings(tables: Tables, params: dict) -> str:
-    table, blocks = tables.reference_table, tables.reference_blocks
-    return (f"Untrained {params['reference_model']} ({params['reference_dtype']}): "
-            f"**{table.tokens_per_target_forward[lineups.BASE_JACOBI]:.2f}** tokens per Jacobi iteration, "
-            f"{blocks.iterations_per_block[lineups.BASE_JACOBI]:.1f} iterations per {params['block_size']}-token block, "
-            f"{table.speedup[lineups.BASE_JACOBI]:.2f}x the speed of AR.")
+    table = tables.reference_table
+    parallel = table[table.index != lineups.BASE_AR]
+    best = parallel.speedup.idxmax()
+    lines = [f"Untrained {params['reference_model']} ({params['reference_dtype']}), {int(table.prompts.max())} "
+             f"held-out prompts, {params['max_new_tokens']} tokens:"]
+    for name, line in parallel.iterrows():
+        cost = line.ms_per_forward / table.ms_per_forward[lineups.BASE_AR]
+        lines.append(f"- {name}: **{line.tokens_per_target_forward:.2f}** tokens per forward at {cost:.2f}x the "
+                     f"time of an AR step: **{line.speedup:.2f}x** AR (95% CI {line.speedup_low:.2f}-"
+                     f"{line.speedup_high:.2f}), agreement with AR greedy {line.agreement:.2f}.")
+    verdict = "pays" if parallel.speedup_low[best] > 1 else "does not pay beyond the noise"
+    lines.append(f"\nThe best, {best}, {verdict} here: a pass must carry more tokens than it costs AR steps.")
+    return "\n".join(lines)

@@ -10,7 +10,8 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
-from specdec_lab.decoders import autoregressive, draft_then_score, hf_peers, jacobi, llama_cpp_peer, speculative
+from specdec_lab.decoders import (autoregressive, draft_then_score, hf_peers, jacobi, llama_cpp_peer, lookahead,
+                                  speculative)
 from specdec_lab.decoders.common import stop_token_ids
 from specdec_lab.decoders.candidates import (CandidateGenerator, DraftModelCandidates, HybridCandidates,
                                             PromptLookupCandidates)
@@ -93,17 +94,22 @@ def prompt_lookup(target: LoadedModel, k: int, max_new_tokens: int, sampling: Sa
 
 
 def hybrid(target: LoadedModel, draft: LoadedModel, k: int, prompt_lookup_k: int, max_new_tokens: int,
-           cost_ratio: float, sampling: Sampling = GREEDY, adaptive_threshold: float = 0.4) -> Method:
+           cost_ratio: float, sampling: Sampling = GREEDY, adaptive_threshold: float = 0.4,
+           settings: dict | None = None) -> Method:
     """Our hybrid candidate source: each step prompt lookup, the draft model (adaptive k from k),
     lookup continued by the draft, or nothing, chosen from the match and the acceptance so far
-    (see HybridCandidates). `cost_ratio` = draft step / target step, measured on this machine."""
+    (see HybridCandidates). `cost_ratio` = draft step / target step, measured on this machine;
+    `settings`: other HybridCandidates arguments (prior_acceptance, extend_lookups), as the draft
+    picker chose them (None: HybridCandidates' defaults)."""
+    settings = dict(settings or {})
+
     def make():
         return HybridCandidates(draft.model, k, prompt_lookup_k, cost_ratio=cost_ratio,
-                                confidence_threshold=adaptive_threshold)
+                                confidence_threshold=adaptive_threshold, **settings)
     return with_candidates(target, make, max_new_tokens, sampling,
                            f"hybrid: prompt lookup k={prompt_lookup_k} or draft adaptive k from {k} (ours)",
                            {"source": "hybrid", "k": k, "prompt_lookup_k": prompt_lookup_k,
-                            "cost_ratio": round(cost_ratio, 3)})
+                            "cost_ratio": round(cost_ratio, 3), **settings})
 
 
 def llama_cpp_ar(engine: llama_cpp_peer.LlamaCppModel, like: LoadedModel, max_new_tokens: int,
@@ -142,6 +148,22 @@ def jacobi_method(model: LoadedModel, max_new_tokens: int, block_size: int, init
     return Method(name, decode, lossless=lossless, role="parallel", params={"block_size": block_size, "init": init})
 
 
+def lookahead_label(config: dict) -> str:
+    """W, N, G as the paper names them, and whether the prompt's n-grams seed the pool."""
+    label = f"W={config['window']} N={config['ngram_size']} G={config.get('candidates', config['window'])}"
+    return label + (" + prompt n-grams" if config.get("pool_from_prompt") else "")
+
+
+def lookahead_method(model: LoadedModel, max_new_tokens: int, config: dict, model_label: str = "base") -> Method:
+    """Lookahead decoding (lossless, greedy) with a config {window, ngram_size, candidates?, pool_from_prompt?}."""
+    config = {"candidates": config["window"], "pool_from_prompt": False, **config}
+
+    def decode(prompt_ids):
+        return lookahead.generate(model.model, prompt_ids, max_new_tokens, **config)
+    return Method(f"Lookahead {lookahead_label(config)} ({model_label})", decode, lossless=True, role="parallel",
+                  params=dict(config))
+
+
 # --- line-ups -------------------------------------------------------------------------------------
 
 def baseline(target: LoadedModel, draft: LoadedModel | None, max_new_tokens: int,
@@ -162,8 +184,8 @@ def speculative_methods(target: LoadedModel, draft: LoadedModel, k: int, max_new
                         sampling: Sampling = GREEDY, prompt_lookup_k: int = 10,
                         universal_draft: LoadedModel | None = None, lossy: bool = True,
                         transformers_defaults: bool = True, adaptive_threshold: float = 0.4,
-                        schedules: Sequence[str] = SCHEDULES, hybrid_cost_ratio: float | None = None
-                        ) -> list[Method]:
+                        schedules: Sequence[str] = SCHEDULES, hybrid_cost_ratio: float | None = None,
+                        hybrid_settings: dict | None = None) -> list[Method]:
     """AR baseline; our speculative decoder and transformers' assisted generation configured alike,
     for each of `schedules` (k constant; the heuristic schedule from the same k with the same
     confidence stop); prompt lookup, each named by its own n-gram rule; optionally transformers'
@@ -193,8 +215,8 @@ def speculative_methods(target: LoadedModel, draft: LoadedModel, k: int, max_new
         ar(target, max_new_tokens, sampling),
         *ours,
         prompt_lookup(target, prompt_lookup_k, max_new_tokens, sampling),
-        *([hybrid(target, draft, k, prompt_lookup_k, max_new_tokens, hybrid_cost_ratio, sampling, adaptive_threshold)]
-          if hybrid_cost_ratio is not None else []),
+        *([hybrid(target, draft, k, prompt_lookup_k, max_new_tokens, hybrid_cost_ratio, sampling, adaptive_threshold,
+                  hybrid_settings)] if hybrid_cost_ratio is not None else []),
         *theirs,
         peer(f"prompt lookup k={prompt_lookup_k}, n<={TRANSFORMERS_PROMPT_LOOKUP_NGRAM}, first match (transformers)",
              {"source": "prompt lookup", "k": prompt_lookup_k, "max_ngram": TRANSFORMERS_PROMPT_LOOKUP_NGRAM,
@@ -239,11 +261,15 @@ def quantized_pairs(target: LoadedModel, drafts: Sequence[tuple[quantize.Pair, L
 
 
 def cllm(base: LoadedModel, cllm_model: LoadedModel | None, max_new_tokens: int, block_size: int,
-         init: str = "prompt_tokens", with_ar: bool = True) -> list[Method]:
+         init: str = "prompt_tokens", with_ar: bool = True, with_jacobi: bool = True,
+         lookahead_configs: Sequence[dict] = ()) -> list[Method]:
     """AR on the base model (the baseline and the reference text), Jacobi on the base model
-    (lossless) and on the CLLM (a fine-tuned model: its text is its own, not the base's)."""
+    (lossless) and on the CLLM (a fine-tuned model: its text is its own, not the base's), and
+    lookahead decoding of the base model (lossless, training-free) with each config."""
     methods = [ar(base, max_new_tokens, name=BASE_AR)] if with_ar else []
-    methods.append(jacobi_method(base, max_new_tokens, block_size, init, BASE_JACOBI, lossless=True))
+    if with_jacobi:
+        methods.append(jacobi_method(base, max_new_tokens, block_size, init, BASE_JACOBI, lossless=True))
     if cllm_model is not None:
         methods.append(jacobi_method(cllm_model, max_new_tokens, block_size, init, CLLM_JACOBI, lossless=False))
+    methods += [lookahead_method(base, max_new_tokens, config) for config in lookahead_configs]
     return methods

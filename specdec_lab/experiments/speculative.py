@@ -10,7 +10,7 @@ from dataclasses import dataclass, replace
 import pandas as pd
 
 from specdec_lab import data, hardware, metrics, models
-from specdec_lab.experiments import common, lineups
+from specdec_lab.experiments import common, lineups, picker
 from specdec_lab.runs import bench
 
 NOTEBOOK = "02_speculative"
@@ -29,6 +29,21 @@ class Tables:
     acceptance: pd.DataFrame  # acceptance by draft position, our speculative methods
     sweep: pd.DataFrame | None  # k sweep: one row per (k, prompt, repeat), measured and predicted
     control: pd.DataFrame | None  # fp32 control: one row per (method, prompt)
+    picked: "Picked | None" = None  # the draft picker's predictions, checked against the measured rows
+    per_category: pd.DataFrame | None = None  # per category: our best, the hybrid, the pick, transformers' best
+
+
+@dataclass
+class Picked:
+    """What the draft picker predicted from its calibration prompts, before the line-up ran."""
+
+    calibration_prompts: list[str]
+    draft_agreement: float  # teacher-forced, per position
+    costs: picker.Costs
+    hybrid_settings: dict  # the hybrid's defaults, chosen by predicted speedup
+    hybrid_grid: pd.DataFrame  # every hybrid setting weighed, with its predicted speedups
+    table: pd.DataFrame  # per (category, source): predicted, and measured where the line-up ran it
+    recommended: pd.DataFrame  # per category: our source with the highest predicted speedup
 
 
 # Each prompt set is one kind of text: MT-bench's own eight categories would hold 1-2 of the ten
@@ -64,13 +79,15 @@ def measure(params: dict) -> Tables:
     universal = models.load(params["universal_draft"], dtype, device) if params["universal_draft"] else None
     prompts = prompts_of(params, params["num_prompts"])
     print(f"{len(prompts)} prompts:", ", ".join(f"{p.id} ({p.category})" for p in prompts))
-    c = draft_cost_ratio(target, draft) if params["hybrid"] or params["k_values"] else None
+    c = draft_cost_ratio(target, draft) if params["hybrid"] or params["k_values"] or params["picker_prompts"] else None
+    picked = pick(params, target, draft, c) if params["picker_prompts"] else None
 
     methods = lineups.speculative_methods(target, draft, params["k"], params["max_new_tokens"],
                                           prompt_lookup_k=params["prompt_lookup_k"], universal_draft=universal,
                                           transformers_defaults=params["transformers_defaults"],
                                           lossy=params["draft_then_score"], schedules=params["schedules"],
-                                          hybrid_cost_ratio=c if params["hybrid"] else None)
+                                          hybrid_cost_ratio=c if params["hybrid"] else None,
+                                          hybrid_settings=picked.hybrid_settings if picked else None)
     # The k sweep runs on the first `sweep_prompts` of each set, in the same units as the line-up:
     # its speedups share the line-up's AR rows instead of timing an AR of their own.
     names = {m.name for m in methods}
@@ -101,9 +118,108 @@ def measure(params: dict) -> Tables:
 
     tables = Tables(rows, table, by_category(rows), focus_category(rows), ours, theirs, lossy, texts, acceptance,
                     sweep, None)
+    if picked is not None:
+        picked.table = picked_vs_measured(picked.table, all_rows)
+        tables.picked = picked
+    tables.per_category = per_category(tables)
     common.write_outputs(params, NOTEBOOK, common.summary_lines(table, methods), headline(tables),
                          model=params["target"], dtype=params["dtype"])
     return tables
+
+
+def pick(params: dict, target: models.LoadedModel, draft: models.LoadedModel, c: float) -> Picked:
+    """The draft picker on the first `picker_prompts` of each set: the target's greedy output and
+    AR times, the draft's teacher-forced agreement, T(n) of the target; then every source's
+    predicted speedup per category, and the hybrid's defaults (the settings predicted fastest).
+    Nothing the line-up measures goes in."""
+    prompts = prompts_of(params, params["picker_prompts"])
+    calibrations = picker.calibrate(target.model, draft.model, prompts, target.tokenizer, params["max_new_tokens"])
+    agreement = picker.draft_agreement(calibrations)
+    costs = picker.measure_costs(target.model, c, max_n=params["max_new_tokens"])
+    settings, grid = picker.choose_hybrid(calibrations, costs, params["k"], params["prompt_lookup_k"], c, agreement)
+    listed = picker.sources(params["k_values"], params["k"], params["prompt_lookup_k"], c, settings)
+    table = picker.per_category(picker.predict(calibrations, listed, costs))
+    print(f"draft picker: {len(prompts)} calibration prompts, draft agreement (teacher-forced) {agreement:.3f}, "
+          f"hybrid settings {settings}")
+    return Picked([p.id for p in prompts], agreement, costs, settings, grid, table, picker.recommend(table))
+
+
+def measured_key(method_params: dict, implementation: str) -> tuple:
+    """How a measured row and a picker source are matched: source, k, schedule, implementation."""
+    return method_params.get("source"), method_params.get("k"), method_params.get("schedule"), implementation
+
+
+def picked_vs_measured(predicted: pd.DataFrame, all_rows: pd.DataFrame) -> pd.DataFrame:
+    """The picker's per-category predictions beside the measured speedup of the same source (the
+    line-up's rows, or the k sweep's on its prompts), with its interval, and the relative error."""
+    speed = metrics.speedups(all_rows, lineups.TARGET_AR)
+    keys = {decoder: measured_key(p, impl) for decoder, p, impl in
+            all_rows[["decoder", "method_params", "implementation"]].drop_duplicates("decoder").itertuples(index=False)}
+    speed["key"] = speed.decoder.map(keys)
+    records = []
+    for line in predicted.itertuples():
+        key = (line.kind, line.k, line.schedule if isinstance(line.schedule, str) else None, line.implementation)
+        measured = speed[(speed.category == line.category) & speed.key.map(lambda found: found == key)]
+        per_prompt = measured.groupby("prompt_id").speedup.median()
+        low, high = metrics.bootstrap_interval(per_prompt)
+        records.append({"measured_as": measured.decoder.iloc[0] if len(measured) else None,
+                        "speedup": metrics.geometric_mean(per_prompt), "speedup_low": low, "speedup_high": high,
+                        "measured_prompts": len(per_prompt)})
+    table = pd.concat([predicted.reset_index(drop=True), pd.DataFrame(records)], axis=1)
+    table["error"] = table.predicted_speedup / table.speedup - 1
+    return table
+
+
+def per_category_markdown(table: pd.DataFrame) -> str:
+    """`per_category` as a Markdown table (its cells are sentences, too wide for a DataFrame's repr)."""
+    lines = ["| kind of text | " + " | ".join(table.columns) + " |", "|---" * (len(table.columns) + 1) + "|"]
+    lines += [f"| {category} | " + " | ".join(str(v) if isinstance(v, str) else "-" for v in row) + " |"
+              for category, row in table.iterrows()]
+    return "\n".join(lines)
+
+
+def per_category(tables: Tables) -> pd.DataFrame:
+    """Per category, measured with intervals: our fastest lossless method, the hybrid, transformers'
+    fastest, and the picker's recommendation with what it predicted."""
+    lines = tables.by_category.merge(
+        tables.rows.drop_duplicates("decoder")[["decoder", "implementation", "lossless", "method_params"]],
+        left_on="method", right_on="decoder")
+    lines = lines[lines.lossless & (lines.method != lineups.TARGET_AR)]
+    records = []
+    for category, group in lines.groupby("category", sort=False):
+        record = {"category": category}
+        hybrid = group[group.method_params.map(lambda p: p.get("source") == "hybrid")]
+        for label, part in (("our best", group[group.implementation == "ours"]), ("hybrid", hybrid),
+                            ("transformers' best", group[group.implementation == "transformers"])):
+            if len(part):
+                best = part.loc[part.speedup.idxmax()]
+                record[label] = f"{best.method}: {interval(best.speedup, best.speedup_low, best.speedup_high, int(best.prompts))}"
+        if tables.picked is not None:
+            chosen = tables.picked.recommended.set_index("category").loc[category]
+            measured = tables.picked.table[(tables.picked.table.category == category)
+                                           & (tables.picked.table.source == chosen.source)].iloc[0]
+            record["picker's pick"] = (f"{chosen.source}: predicted {chosen.predicted_speedup:.2f}x"
+                                       + (f", measured {measured.speedup:.2f}x" if measured.measured_prompts else
+                                          ", not in the line-up"))
+        records.append(record)
+    return pd.DataFrame(records).set_index("category")
+
+
+def picker_findings(tables: Tables, tolerance: float = 0.15) -> str:
+    """Per category: the pick and how far the predictions landed from the measured speedups."""
+    table = tables.picked.table
+    lines = []
+    for category, group in table.groupby("category", sort=False):
+        chosen = tables.picked.recommended.set_index("category").loc[category]
+        checked = group.dropna(subset=["speedup"])
+        within = (checked.error.abs() <= tolerance).sum()
+        worst = checked.loc[checked.error.abs().idxmax()] if len(checked) else None
+        lines.append(f"- **{category}**: the picker recommends **{chosen.source}** (predicted "
+                     f"{chosen.predicted_speedup:.2f}x over AR). Of the {len(checked)} sources the line-up measured, "
+                     f"{within} are predicted within {tolerance:.0%}"
+                     + (f"; the furthest is {worst.source}: predicted {worst.predicted_speedup:.2f}x, measured "
+                        f"{worst.speedup:.2f}x ({worst.error:+.0%})." if worst is not None else "."))
+    return "\n".join(lines)
 
 
 def draft_cost_ratio(target: models.LoadedModel, draft: models.LoadedModel) -> float:

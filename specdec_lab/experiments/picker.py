@@ -1,0 +1,315 @@
+"""The draft picker: predict the speedup of every (candidate source, k) per kind of text from cheap
+measurements, before timing any of them, and recommend one.
+
+In greedy mode a lossless method's output is the target's greedy text y, so what a candidate source
+would propose at each step, and how much of it the target would accept, follows from y alone:
+
+- prompt lookup needs no model: replay it over y (the same `PromptLookupCandidates` object);
+- a draft model proposes autoregressively from the accepted prefix, which is always a prefix of y:
+  while its proposals are right they are its argmax given y's prefix, so one teacher-forced forward
+  of the draft over prompt + y gives every proposal that can be accepted (`TeacherForcedDraft`);
+  after its first wrong token nothing more is accepted, and it keeps proposing until its
+  confidence stop or k (this cost is assumed, not seen);
+- the hybrid runs its own choices over those two.
+
+Replaying the decode loop gives, per step, the tokens verified and the draft forwards spent. The
+time follows from measured costs: the target's prefill and AR step (from its AR run of the same
+prompts), T(n) / T(1) of the target (verifying n tokens), the draft's T(1) and its prefill. The
+predicted speedup is AR's predicted time over the method's, per prompt, then a geometric mean.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+import torch
+
+from tqdm.auto import tqdm
+
+from specdec_lab import data, hardware, metrics
+from specdec_lab.decoders import autoregressive
+from specdec_lab.decoders.candidates import Candidates, DraftLength, HybridCandidates, PromptLookupCandidates
+from specdec_lab.decoders.common import forward, new_cache
+from specdec_lab.sampling import GREEDY
+
+
+# --- a draft model, teacher-forced --------------------------------------------------------------------
+
+@dataclass
+class DraftForecast:
+    """The draft's argmax and top probability at every position of `sequence` = prompt + y, given
+    the sequence before it (index t predicts token t + 1)."""
+
+    sequence: list[int]
+    argmax: list[int]
+    top_probability: list[float]
+    prefill_s: float  # wall time of the teacher-forced pass (stands for the draft's prefill)
+
+
+@torch.inference_mode()
+def forecast_draft(draft_model, prompt_ids: list[int], continuation: list[int]) -> DraftForecast:
+    """One forward of the draft over prompt + y."""
+    sequence = [*prompt_ids, *continuation]
+    start = time.perf_counter()
+    logits = forward(draft_model, sequence, new_cache(draft_model)).float()
+    elapsed = time.perf_counter() - start
+    return DraftForecast(sequence, logits.argmax(-1).tolist(), logits.softmax(-1).amax(-1).tolist(), elapsed)
+
+
+class TeacherForcedDraft:
+    """A draft model's proposals replayed from its `DraftForecast`, with the candidate-generator
+    interface and the draft-length rules of `DraftModelCandidates`. Proposal i is the forecast at
+    the position i tokens on, which is the draft's real proposal while every token before it is
+    right; after the first wrong one nothing is accepted whatever is proposed, and only the
+    confidence stop there is a guess (taken from the forecast at that position)."""
+
+    def __init__(self, forecast: DraftForecast, k: int = 5, schedule: str = "constant",
+                 confidence_threshold: float = 0.0):
+        self.forecast, self.confidence_threshold = forecast, confidence_threshold
+        self.length = DraftLength(k, schedule)
+        self.reset(vocab_size=None)
+
+    def reset(self, vocab_size: int | None = None) -> None:
+        self.forwards = 0
+        self.length.reset()
+
+    def propose(self, tokens, max_candidates, sampling, rng) -> Candidates:
+        last = len(self.forecast.argmax) - 1
+        proposed = []
+        for at in range(len(tokens) - 1, len(tokens) - 1 + min(self.length.k, max_candidates)):
+            self.forwards += 1  # forecast index `at` predicts the token after position `at`
+            proposed.append(self.forecast.argmax[min(at, last)])
+            if self.forecast.top_probability[min(at, last)] < self.confidence_threshold:
+                break
+        return Candidates(proposed)
+
+    def update(self, tokens, num_accepted, num_proposed) -> None:
+        self.length.update(num_accepted, num_proposed)
+
+
+# --- transformers' prompt lookup, for the peer's prediction ---------------------------------------
+
+class FirstMatchLookup:
+    """transformers' prompt-lookup rule: the first earlier occurrence of the last n-gram, n from
+    `max_ngram` down to 1, k tokens after it."""
+
+    def __init__(self, k: int = 10, max_ngram: int = 2):
+        self.k, self.max_ngram, self.forwards = k, max_ngram, 0
+
+    def reset(self, vocab_size: int | None = None) -> None:
+        pass
+
+    def propose(self, tokens, max_candidates, sampling, rng) -> Candidates:
+        k = min(self.k, max_candidates)
+        for n in range(min(self.max_ngram, len(tokens) - 1), 0, -1):
+            pattern = tokens[-n:]
+            for start in range(len(tokens) - n):
+                if tokens[start:start + n] == pattern and start + n < len(tokens):
+                    return Candidates(tokens[start + n:start + n + k] if k > 0 else [])
+        return Candidates([])
+
+    def update(self, tokens, num_accepted, num_proposed) -> None:
+        pass
+
+
+# --- the replay --------------------------------------------------------------------------------------
+
+@dataclass
+class Replay:
+    proposed: list[int]  # per step, as `GenerationResult.proposed_per_step`
+    accepted: list[int]  # per step, as `GenerationResult.accepted_per_step`
+    draft_forwards: int
+
+    @property
+    def verified(self) -> list[int]:
+        """Tokens in each target forward after the first (the first one is the prefill's)."""
+        return [n + 1 for n in self.proposed[1:]]
+
+    @property
+    def uses_draft(self) -> bool:
+        return self.draft_forwards > 0
+
+
+def replay(source, prompt_ids: list[int], continuation: list[int]) -> Replay:
+    """Run `source` through the speculative loop against the known greedy output."""
+    source.reset(vocab_size=None)
+    tokens, done, proposed_per_step, accepted_per_step = list(prompt_ids), 0, [], []
+    while done < len(continuation):
+        left = len(continuation) - done
+        proposed = source.propose(tokens, left - 1, GREEDY, None).token_ids
+        accepted = 0
+        while accepted < len(proposed) and proposed[accepted] == continuation[done + accepted]:
+            accepted += 1
+        new = continuation[done:done + accepted + 1]
+        tokens += new
+        done += len(new)
+        source.update(tokens, accepted, len(proposed))
+        proposed_per_step.append(len(proposed))
+        accepted_per_step.append(accepted)
+    return Replay(proposed_per_step, accepted_per_step, source.forwards)
+
+
+# --- costs and the prediction ------------------------------------------------------------------------
+
+@dataclass
+class Costs:
+    """What the prediction needs to know about this machine."""
+
+    relative_target: pd.Series  # T(n) / T(1) of the target, indexed by n
+    draft_cost_ratio: float  # c = draft T(1) / target T(1)
+
+    def verify(self, n: int) -> float:
+        """T(n) / T(1), linear between measured n (flat beyond the last: an underestimate there)."""
+        curve = self.relative_target.sort_index()
+        return float(np.interp(n, curve.index.to_numpy(float), curve.to_numpy(float)))
+
+
+def predicted_time(run: Replay, prefill_s: float, step_s: float, draft_prefill_s: float, costs: Costs) -> float:
+    """Prefill (with the first verification in it), then a target forward over each step's
+    tokens and the draft's forwards, in units of the measured AR step."""
+    target = sum(costs.verify(n) for n in run.verified) * step_s
+    draft = run.draft_forwards * costs.draft_cost_ratio * step_s
+    return prefill_s + (draft_prefill_s if run.uses_draft else 0.0) + target + draft
+
+
+@dataclass(frozen=True)
+class Source:
+    """One (candidate source, k) the picker predicts: `make(forecast)` builds it for one prompt."""
+
+    name: str
+    source: str  # "prompt lookup", "draft model", "hybrid": as a Method's params name it
+    k: int
+    schedule: str | None  # as the Method's params name it (None: they name none)
+    implementation: str
+    make: Callable[[DraftForecast], object]
+
+
+def hybrid_source(k: int, prompt_lookup_k: int, cost_ratio: float, settings: dict,
+                  adaptive_threshold: float = 0.4) -> Source:
+    """The hybrid with `settings` (HybridCandidates' prior_acceptance, extend_lookups), its draft replayed."""
+    def make(forecast):
+        return HybridCandidates(None, k, prompt_lookup_k, cost_ratio=cost_ratio, confidence_threshold=adaptive_threshold,
+                                draft=TeacherForcedDraft(forecast, k, "heuristic", adaptive_threshold), **settings)
+    label = ", ".join(f"{key}={value}" for key, value in settings.items())
+    return Source(f"hybrid (k from {k}, lookup k={prompt_lookup_k}; {label})", "hybrid", k, None, "ours", make)
+
+
+def hybrid_settings_grid(draft_agreement: float) -> list[dict]:
+    """The hybrid defaults the picker weighs: the draft's prior acceptance (its measured agreement,
+    HybridCandidates' 0.6, a sceptical 0.3) and whether lookups that run out are extended by the draft."""
+    priors = sorted({round(min(draft_agreement, 0.99), 2), 0.6, 0.3}, reverse=True)
+    return [{"prior_acceptance": prior, "extend_lookups": extend} for prior in priors for extend in (True, False)]
+
+
+def choose_hybrid(calibrations, costs: "Costs", k: int, prompt_lookup_k: int, cost_ratio: float,
+                  draft_agreement: float, adaptive_threshold: float = 0.4) -> tuple[dict, pd.DataFrame]:
+    """The hybrid's defaults: the settings with the highest predicted speedup, a geometric mean over
+    categories of each category's geometric mean over prompts (every kind of text counts alike)."""
+    records = []
+    for settings in hybrid_settings_grid(draft_agreement):
+        source = hybrid_source(k, prompt_lookup_k, cost_ratio, settings, adaptive_threshold)
+        by_category = per_category(predict(calibrations, [source], costs))
+        records.append({**settings, **dict(zip(by_category.category, by_category.predicted_speedup)),
+                        "overall": metrics.geometric_mean(by_category.predicted_speedup)})
+    grid = pd.DataFrame(records)
+    best = grid.loc[grid.overall.idxmax()]
+    return {"prior_acceptance": float(best.prior_acceptance), "extend_lookups": bool(best.extend_lookups)}, grid
+
+
+def sources(k_values: Sequence[int], k: int, prompt_lookup_k: int, cost_ratio: float, hybrid_settings: dict,
+            adaptive_threshold: float = 0.4) -> list[Source]:
+    """Every source the picker weighs: the draft at each constant k and with the adaptive schedule,
+    our prompt lookup, transformers' prompt lookup rule, and the hybrid with its chosen settings."""
+    listed = [Source(f"draft k={kk}", "draft model", kk, "constant", "ours",
+                     lambda f, kk=kk: TeacherForcedDraft(f, kk)) for kk in k_values]
+    listed.append(Source(f"draft adaptive k from {k}", "draft model", k, "heuristic", "ours",
+                         lambda f: TeacherForcedDraft(f, k, "heuristic", adaptive_threshold)))
+    listed.append(Source(f"prompt lookup k={prompt_lookup_k}", "prompt lookup", prompt_lookup_k, "heuristic", "ours",
+                         lambda f: PromptLookupCandidates(prompt_lookup_k)))
+    listed.append(Source(f"prompt lookup k={prompt_lookup_k} (transformers' rule)", "prompt lookup",
+                         prompt_lookup_k, None, "transformers", lambda f: FirstMatchLookup(prompt_lookup_k)))
+    listed.append(hybrid_source(k, prompt_lookup_k, cost_ratio, hybrid_settings, adaptive_threshold))
+    return listed
+
+
+@dataclass
+class Calibration:
+    """One prompt's cheap measurements: the target's greedy output and times (its AR run), the draft's forecast."""
+
+    prompt_id: str
+    category: str
+    prompt_ids: list[int]
+    continuation: list[int]
+    prefill_s: float  # target AR's time to first token
+    step_s: float  # target AR's time per later token
+    forecast: DraftForecast
+
+
+def calibrate(target, draft, prompts: Sequence[data.Prompt], tokenizer, max_new_tokens: int) -> list[Calibration]:
+    """The cheap measurements, per prompt: the target's greedy output with its prefill and step
+    times (our AR loop, after one warm-up call), and one teacher-forced forward of the draft."""
+    encoded = [data.encode(tokenizer, prompt, chat=True) for prompt in prompts]
+    autoregressive.generate(target, encoded[0], 4)  # the first call pays one-off costs
+    found = []
+    for prompt, prompt_ids in zip(tqdm(prompts, desc="picker: calibration"), encoded):
+        ar = autoregressive.generate(target, prompt_ids, max_new_tokens)
+        step_s = (ar.wall_time_s - ar.time_to_first_token_s) / max(ar.num_tokens - 1, 1)
+        found.append(Calibration(prompt.id, prompt.category, prompt_ids, ar.tokens, ar.time_to_first_token_s,
+                                 step_s, forecast_draft(draft, prompt_ids, ar.tokens)))
+    return found
+
+
+def measure_costs(target, draft_cost_ratio: float, max_n: int, repeats: int = 3) -> Costs:
+    """T(n) / T(1) of the target for n up to `max_n` (the longest verification a source can ask)."""
+    n_values = sorted({1, 2, 3, 4, 5, 6, 8, 11, 16, 21, 32, max_n} & set(range(1, max_n + 1)))
+    curve = hardware.forward_cost_curve(target, n_values, prefix_tokens=100, repeats=repeats)
+    return Costs(curve.set_index("n").relative_to_one, draft_cost_ratio)
+
+
+def draft_agreement(calibrations: Sequence[Calibration]) -> float:
+    """Per-position agreement of the draft's argmax with the target's greedy token, teacher-forced,
+    pooled over the calibration prompts: Leviathan's alpha for a greedy draft."""
+    hits = total = 0
+    for cal in calibrations:
+        start = len(cal.prompt_ids) - 1
+        predicted = cal.forecast.argmax[start:start + len(cal.continuation)]
+        hits += sum(a == b for a, b in zip(predicted, cal.continuation))
+        total += len(cal.continuation)
+    return hits / total if total else float("nan")
+
+
+def predict(calibrations: Sequence[Calibration], listed: Sequence[Source], costs: Costs) -> pd.DataFrame:
+    """One row per (source, prompt): tokens per target forward and the predicted speedup over AR."""
+    records = []
+    for cal in calibrations:
+        ar_time = cal.prefill_s + (len(cal.continuation) - 1) * cal.step_s
+        for item in listed:
+            run = replay(item.make(cal.forecast), cal.prompt_ids, cal.continuation)
+            method_time = predicted_time(run, cal.prefill_s, cal.step_s, cal.forecast.prefill_s, costs)
+            records.append({"source": item.name, "kind": item.source, "k": item.k, "schedule": item.schedule,
+                            "implementation": item.implementation, "prompt_id": cal.prompt_id,
+                            "category": cal.category,
+                            "tokens_per_target_forward": len(cal.continuation) / len(run.proposed),
+                            "predicted_speedup": ar_time / method_time})
+    return pd.DataFrame(records)
+
+
+def per_category(predictions: pd.DataFrame) -> pd.DataFrame:
+    """Per (category, source): predicted speedup (geometric mean over the calibration prompts)."""
+    return (predictions.groupby(["category", "source"], sort=False)
+            .agg(predicted_speedup=("predicted_speedup", metrics.geometric_mean),
+                 tokens_per_target_forward=("tokens_per_target_forward", "mean"),
+                 prompts=("prompt_id", "nunique"), kind=("kind", "first"), k=("k", "first"),
+                 schedule=("schedule", "first"), implementation=("implementation", "first"))
+            .reset_index())
+
+
+def recommend(table: pd.DataFrame) -> pd.DataFrame:
+    """Per category, our source with the highest predicted speedup (a plain AR step when none beats 1)."""
+    ours = table[table.implementation == "ours"]
+    best = ours.loc[ours.groupby("category", sort=False).predicted_speedup.idxmax()]
+    return best.reset_index(drop=True)

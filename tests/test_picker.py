@@ -1,0 +1,104 @@
+"""The draft picker: its replay of a candidate source over the target's greedy output must take the
+same steps as the real speculative decoder (tiny fp32 models), and its arithmetic must price them."""
+
+from __future__ import annotations
+
+import pandas as pd
+import pytest
+import torch
+
+from specdec_lab.decoders import autoregressive, speculative
+from specdec_lab.decoders.candidates import DraftModelCandidates, HybridCandidates, PromptLookupCandidates
+from specdec_lab.experiments import picker
+from tiny import tiny_llama
+
+PROMPT = [1, 5, 9, 14, 3, 22, 7, 5, 9, 14, 30, 2]
+TARGET = tiny_llama(0, vocab_size=48, hidden=32, weight_std=0.3, eos_token_id=None)
+
+
+def noisy_copy(model, std: float, seed: int):
+    """The target with its head perturbed: a draft that agrees on some tokens, not all."""
+    draft = tiny_llama(0, vocab_size=48, hidden=32, weight_std=0.3, eos_token_id=None)
+    draft.load_state_dict(model.state_dict())
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        draft.lm_head.weight.add_(torch.randn(draft.lm_head.weight.shape, generator=generator) * std)
+    return draft
+
+
+DRAFT = noisy_copy(TARGET, std=0.6, seed=1)
+
+
+@pytest.fixture(scope="module")
+def greedy():
+    return autoregressive.generate(TARGET, PROMPT, 48, stop_ids=[]).tokens
+
+
+def steps(result):
+    return result.proposed_per_step, result.accepted_per_step
+
+
+@pytest.mark.parametrize("k, schedule", [(1, "constant"), (3, "constant"), (6, "constant"), (2, "heuristic")])
+def test_replayed_draft_takes_the_decoders_steps(greedy, k, schedule):
+    """Catches a forecast read one position off, proposals after a wrong token counted as right,
+    and draft forwards miscounted."""
+    real = speculative.generate(TARGET, DraftModelCandidates(DRAFT, k, schedule), PROMPT, 48, stop_ids=[])
+    assert real.tokens == greedy
+    run = picker.replay(picker.TeacherForcedDraft(picker.forecast_draft(DRAFT, PROMPT, greedy), k, schedule),
+                        PROMPT, greedy)
+    assert (run.proposed, run.accepted) == steps(real)
+    assert run.draft_forwards == real.draft_forwards
+    assert 0 < sum(run.accepted) < sum(run.proposed)  # the draft is right on some tokens, not all
+
+
+def test_replayed_prompt_lookup_takes_the_decoders_steps(greedy):
+    real = speculative.generate(TARGET, PromptLookupCandidates(4), PROMPT, 48, stop_ids=[])
+    run = picker.replay(PromptLookupCandidates(4), PROMPT, greedy)
+    assert (run.proposed, run.accepted) == steps(real) and run.draft_forwards == 0
+
+
+def test_replayed_hybrid_makes_the_decoders_choices(greedy):
+    """Without a confidence stop the replayed hybrid sees what the real one sees: the same sources,
+    the same steps (with the stop, proposals after a wrong draft token can differ in number)."""
+    def hybrid(draft=None):
+        return HybridCandidates(DRAFT, 3, 4, cost_ratio=0.3, confidence_threshold=0.0, draft=draft)
+    real_source = hybrid()
+    real = speculative.generate(TARGET, real_source, PROMPT, 48, stop_ids=[])
+    forecast = picker.forecast_draft(DRAFT, PROMPT, greedy)
+    replayed_source = hybrid(picker.TeacherForcedDraft(forecast, 3, "heuristic", 0.0))
+    run = picker.replay(replayed_source, PROMPT, greedy)
+    assert (run.proposed, run.accepted) == steps(real)
+    assert replayed_source.sources == real_source.sources and "draft model" in real_source.sources
+
+
+def test_draft_agreement_is_the_teacher_forced_hit_rate(greedy):
+    forecast = picker.forecast_draft(DRAFT, PROMPT, greedy)
+    calibration = picker.Calibration("p", "code", PROMPT, greedy, 0.5, 0.1, forecast)
+    expected = sum(forecast.argmax[len(PROMPT) - 1 + i] == token for i, token in enumerate(greedy)) / len(greedy)
+    assert picker.draft_agreement([calibration]) == pytest.approx(expected)
+    same = picker.forecast_draft(TARGET, PROMPT, greedy)
+    assert picker.draft_agreement([picker.Calibration("p", "code", PROMPT, greedy, 0.5, 0.1, same)]) == 1.0
+
+
+def test_predicted_time_prices_each_step():
+    costs = picker.Costs(pd.Series([1.0, 1.5, 3.0], index=[1, 3, 5]), draft_cost_ratio=0.25)
+    run = picker.Replay(proposed=[4, 2, 4, 0], accepted=[1, 2, 0, 0], draft_forwards=10)
+    # steps after the first verify 3, 5 and 1 tokens: 1.5 + 3.0 + 1.0 AR steps; 10 draft steps of 0.25
+    assert picker.predicted_time(run, prefill_s=2.0, step_s=0.1, draft_prefill_s=0.3, costs=costs) == pytest.approx(
+        2.0 + 0.3 + 0.1 * (5.5 + 2.5))
+    assert costs.verify(2) == pytest.approx(1.25) and costs.verify(9) == pytest.approx(3.0)
+
+
+def test_transformers_rule_takes_the_first_occurrence():
+    lookup = picker.FirstMatchLookup(k=2, max_ngram=2)
+    tokens = [7, 8, 1, 7, 8, 2, 5, 7, 8]
+    assert lookup.propose(tokens, 10, None, None).token_ids == [1, 7]  # the first 7, 8, not the latest
+    assert lookup.propose([4, 5, 6], 10, None, None).token_ids == []
+
+
+def test_recommend_takes_our_fastest_source_per_category():
+    table = pd.DataFrame({"category": ["code", "code", "code", "chat", "chat"],
+                          "source": ["lookup", "draft", "theirs", "lookup", "draft"],
+                          "predicted_speedup": [3.0, 1.5, 3.5, 0.9, 1.2],
+                          "implementation": ["ours", "ours", "transformers", "ours", "ours"]})
+    assert picker.recommend(table).set_index("category").source.to_dict() == {"code": "lookup", "chat": "draft"}
