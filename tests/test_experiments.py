@@ -36,6 +36,43 @@ def test_fp32_control_flags_a_declared_lossless_method_that_disagrees():
     assert "agree exactly" in speculative.control_findings(control[control.decoder != "prompt lookup k=5 (ours)"])
 
 
+# --- 02: the draft picker's predictions matched to the measured rows ------------------------------
+
+def test_picker_predictions_are_matched_to_the_rows_that_measured_the_same_source():
+    """Catches a key that never matches (a None schedule read back as NaN, an int64 k) and a
+    source matched to the peer's row or the wrong category."""
+    from specdec_lab.experiments import picker
+
+    measured = {  # decoder: (method params, implementation, wall time of 8 tokens; AR takes 1.0 s)
+        "spec adaptive": ({"source": "draft model", "k": 5, "schedule": "heuristic"}, "ours", 0.5),
+        "assisted adaptive": ({"source": "draft model", "k": 5, "schedule": "heuristic"}, "transformers", 0.25),
+        "lookup ours": ({"source": "prompt lookup", "k": 10, "match": "longest", "schedule": "heuristic"}, "ours", 0.2),
+        "lookup theirs": ({"source": "prompt lookup", "k": 10, "max_ngram": 2, "match": "first"}, "transformers", 0.4),
+        "hybrid": ({"source": "hybrid", "k": 5, "prompt_lookup_k": 10}, "ours", 0.8),
+    }
+    rows = [row(lineups.TARGET_AR, p, tokens=range(8), wall_time_s=1.0, method_params={}, implementation="ours",
+                category="code") for p in ("a", "b")]
+    rows += [row(name, p, tokens=range(8), wall_time_s=wall, method_params=params, implementation=impl, category="code")
+             for name, (params, impl, wall) in measured.items() for p in ("a", "b")]
+    predictions = pd.DataFrame([
+        {"source": name, "kind": kind, "k": k, "schedule": schedule, "implementation": impl, "prompt_id": "c",
+         "category": "code", "tokens_per_target_forward": 2.0, "predicted_speedup": 2.2}
+        for name, kind, k, schedule, impl in [("draft adaptive", "draft model", 5, "heuristic", "ours"),
+                                              ("lookup", "prompt lookup", 10, "heuristic", "ours"),
+                                              ("lookup, their rule", "prompt lookup", 10, None, "transformers"),
+                                              ("hybrid", "hybrid", 5, None, "ours"),
+                                              ("draft k=3", "draft model", 3, "constant", "ours")]])
+    predicted = picker.per_category(predictions)
+    same_prompts = predicted.assign(predicted_speedup=1.8)
+    table = speculative.picked_vs_measured(predicted, same_prompts, pd.DataFrame(rows)).set_index("source")
+    assert table.measured_as.dropna().to_dict() == {"draft adaptive": "spec adaptive", "lookup": "lookup ours",
+                                                    "lookup, their rule": "lookup theirs", "hybrid": "hybrid"}
+    assert table.measured_prompts["draft k=3"] == 0  # not in the line-up
+    assert table.speedup["draft adaptive"] == pytest.approx(2.0) and table.measured_prompts["draft adaptive"] == 2
+    assert table.error["draft adaptive"] == pytest.approx(0.1)
+    assert table.error_same_prompts["lookup"] == pytest.approx(1.8 / 5.0 - 1)
+
+
 # --- 04: loop counting, the Jacobi cost ratio, the findings, the training config --------------------
 
 def test_looping_answers_counts_each_prompt_once():

@@ -9,6 +9,7 @@ import torch
 
 from specdec_lab.decoders import autoregressive, speculative
 from specdec_lab.decoders.candidates import DraftModelCandidates, HybridCandidates, PromptLookupCandidates
+from specdec_lab.decoders.common import new_cache
 from specdec_lab.experiments import picker
 from tiny import tiny_llama
 
@@ -45,7 +46,7 @@ def test_replayed_draft_takes_the_decoders_steps(greedy, k, schedule):
     real = speculative.generate(TARGET, DraftModelCandidates(DRAFT, k, schedule), PROMPT, 48, stop_ids=[])
     assert real.tokens == greedy
     run = picker.replay(picker.TeacherForcedDraft(picker.forecast_draft(DRAFT, PROMPT, greedy), k, schedule),
-                        PROMPT, greedy)
+                        PROMPT, greedy, 48)
     assert (run.proposed, run.accepted) == steps(real)
     assert run.draft_forwards == real.draft_forwards
     assert 0 < sum(run.accepted) < sum(run.proposed)  # the draft is right on some tokens, not all
@@ -53,7 +54,7 @@ def test_replayed_draft_takes_the_decoders_steps(greedy, k, schedule):
 
 def test_replayed_prompt_lookup_takes_the_decoders_steps(greedy):
     real = speculative.generate(TARGET, PromptLookupCandidates(4), PROMPT, 48, stop_ids=[])
-    run = picker.replay(PromptLookupCandidates(4), PROMPT, greedy)
+    run = picker.replay(PromptLookupCandidates(4), PROMPT, greedy, 48)
     assert (run.proposed, run.accepted) == steps(real) and run.draft_forwards == 0
 
 
@@ -66,26 +67,32 @@ def test_replayed_hybrid_makes_the_decoders_choices(greedy):
     real = speculative.generate(TARGET, real_source, PROMPT, 48, stop_ids=[])
     forecast = picker.forecast_draft(DRAFT, PROMPT, greedy)
     replayed_source = hybrid(picker.TeacherForcedDraft(forecast, 3, "heuristic", 0.0))
-    run = picker.replay(replayed_source, PROMPT, greedy)
+    run = picker.replay(replayed_source, PROMPT, greedy, 48)
     assert (run.proposed, run.accepted) == steps(real)
     assert replayed_source.sources == real_source.sources and "draft model" in real_source.sources
 
 
 def test_draft_agreement_is_the_teacher_forced_hit_rate(greedy):
     forecast = picker.forecast_draft(DRAFT, PROMPT, greedy)
-    calibration = picker.Calibration("p", "code", PROMPT, greedy, 0.5, 0.1, forecast)
-    expected = sum(forecast.argmax[len(PROMPT) - 1 + i] == token for i, token in enumerate(greedy)) / len(greedy)
+    calibration = picker.Calibration("p", "code", PROMPT, greedy, 48, 0.5, 0.1, forecast)
+    # the draft's own greedy choice after each prefix of the target's text, one forward at a time
+    expected = sum(int(autoregressive.prefill(DRAFT, PROMPT + greedy[:i], new_cache(DRAFT)).argmax()) == token
+                   for i, token in enumerate(greedy)) / len(greedy)
     assert picker.draft_agreement([calibration]) == pytest.approx(expected)
+    assert 0 < expected < 1
     same = picker.forecast_draft(TARGET, PROMPT, greedy)
-    assert picker.draft_agreement([picker.Calibration("p", "code", PROMPT, greedy, 0.5, 0.1, same)]) == 1.0
+    assert picker.draft_agreement([picker.Calibration("p", "code", PROMPT, greedy, 48, 0.5, 0.1, same)]) == 1.0
 
 
 def test_predicted_time_prices_each_step():
     costs = picker.Costs(pd.Series([1.0, 1.5, 3.0], index=[1, 3, 5]), draft_cost_ratio=0.25)
     run = picker.Replay(proposed=[4, 2, 4, 0], accepted=[1, 2, 0, 0], draft_forwards=10)
-    # steps after the first verify 3, 5 and 1 tokens: 1.5 + 3.0 + 1.0 AR steps; 10 draft steps of 0.25
+    # steps after the first verify 3, 5 and 1 tokens: 1.5 + 3.0 + 1.0 AR steps; the draft's first
+    # forward is its prefill (0.3 s), the other 9 cost 0.25 AR steps each
     assert picker.predicted_time(run, prefill_s=2.0, step_s=0.1, draft_prefill_s=0.3, costs=costs) == pytest.approx(
-        2.0 + 0.3 + 0.1 * (5.5 + 2.5))
+        2.0 + 0.3 + 0.1 * (5.5 + 9 * 0.25))
+    lookup = picker.Replay(proposed=[4, 2], accepted=[1, 2], draft_forwards=0)
+    assert picker.predicted_time(lookup, 2.0, 0.1, 0.3, costs) == pytest.approx(2.0 + 0.1 * 1.5)
     assert costs.verify(2) == pytest.approx(1.25) and costs.verify(9) == pytest.approx(3.0)
 
 
@@ -102,3 +109,12 @@ def test_recommend_takes_our_fastest_source_per_category():
                           "predicted_speedup": [3.0, 1.5, 3.5, 0.9, 1.2],
                           "implementation": ["ours", "ours", "transformers", "ours", "ours"]})
     assert picker.recommend(table).set_index("category").source.to_dict() == {"code": "lookup", "chat": "draft"}
+
+
+def test_replay_caps_proposals_by_max_new_tokens_not_by_the_text():
+    """A generation that stopped early (a stop token) still proposed up to max_new_tokens - 1."""
+    model_stop = autoregressive.generate(TARGET, PROMPT, 48, stop_ids=[]).tokens
+    stop = model_stop[20]
+    real = speculative.generate(TARGET, PromptLookupCandidates(6), PROMPT, 48, stop_ids=[stop])
+    run = picker.replay(PromptLookupCandidates(6), PROMPT, real.tokens, 48)
+    assert (run.proposed, run.accepted) == steps(real)

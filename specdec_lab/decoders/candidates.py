@@ -233,7 +233,8 @@ class HybridCandidates:
         if not 0 <= prior_acceptance < 1:
             raise ValueError(f"prior_acceptance must be in [0, 1), got {prior_acceptance}")
         # `draft`: another draft candidate source with the same rules (the picker's replayed draft)
-        self.draft = draft or DraftModelCandidates(draft_model, k, "heuristic", confidence_threshold)
+        self.draft = draft if draft is not None else DraftModelCandidates(draft_model, k, "heuristic",
+                                                                           confidence_threshold)
         self.lookup = PromptLookupCandidates(prompt_lookup_k)
         self.cost_ratio, self.prior_acceptance, self.prior_tokens = cost_ratio, prior_acceptance, prior_tokens
         self.explore_every, self.extend_lookups = explore_every, extend_lookups

@@ -6,11 +6,14 @@ would propose at each step, and how much of it the target would accept, follows 
 
 - prompt lookup needs no model: replay it over y (the same `PromptLookupCandidates` object);
 - a draft model proposes autoregressively from the accepted prefix, which is always a prefix of y:
-  while its proposals are right they are its argmax given y's prefix, so one teacher-forced forward
+  while its proposals are right they are its argmax given y's prefix, so one teacher-forced pass
   of the draft over prompt + y gives every proposal that can be accepted (`TeacherForcedDraft`);
   after its first wrong token nothing more is accepted, and it keeps proposing until its
   confidence stop or k (this cost is assumed, not seen);
 - the hybrid runs its own choices over those two.
+
+In fp32 the replay takes the decoder's steps exactly (the tests assert it). In bf16 a pass over many
+tokens and one token at a time can round differently, so a near-tie may go the other way.
 
 Replaying the decode loop gives, per step, the tokens verified and the draft forwards spent. The
 time follows from measured costs: the target's prefill and AR step (from its AR run of the same
@@ -20,7 +23,6 @@ predicted speedup is AR's predicted time over the method's, per prompt, then a g
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -33,7 +35,7 @@ from tqdm.auto import tqdm
 from specdec_lab import data, hardware, metrics
 from specdec_lab.decoders import autoregressive
 from specdec_lab.decoders.candidates import Candidates, DraftLength, HybridCandidates, PromptLookupCandidates
-from specdec_lab.decoders.common import forward, new_cache
+from specdec_lab.decoders.common import clock, forward, new_cache
 from specdec_lab.sampling import GREEDY
 
 
@@ -41,23 +43,33 @@ from specdec_lab.sampling import GREEDY
 
 @dataclass
 class DraftForecast:
-    """The draft's argmax and top probability at every position of `sequence` = prompt + y, given
-    the sequence before it (index t predicts token t + 1)."""
+    """The draft's argmax and top probability after each prefix of prompt + y: entry i predicts the
+    token at position `offset` + i + 1 of the sequence (`offset` = the prompt's last position)."""
 
-    sequence: list[int]
+    offset: int
     argmax: list[int]
     top_probability: list[float]
-    prefill_s: float  # wall time of the teacher-forced pass (stands for the draft's prefill)
+    prefill_s: float  # the draft's prefill of the prompt, timed
+
+    def at(self, position: int) -> tuple[int, float]:
+        """(argmax, top probability) after the sequence's first `position` + 1 tokens."""
+        index = min(position - self.offset, len(self.argmax) - 1)
+        return self.argmax[index], self.top_probability[index]
 
 
 @torch.inference_mode()
-def forecast_draft(draft_model, prompt_ids: list[int], continuation: list[int]) -> DraftForecast:
-    """One forward of the draft over prompt + y."""
-    sequence = [*prompt_ids, *continuation]
-    start = time.perf_counter()
-    logits = forward(draft_model, sequence, new_cache(draft_model)).float()
-    elapsed = time.perf_counter() - start
-    return DraftForecast(sequence, logits.argmax(-1).tolist(), logits.softmax(-1).amax(-1).tolist(), elapsed)
+def forecast_draft(draft_model, prompt_ids: list[int], continuation: list[int],
+                   vocab_size: int | None = None) -> DraftForecast:
+    """The draft's prefill of the prompt (timed: the draft pays it once per generation), then one
+    teacher-forced pass over y through its cache. Logits are cut to the target's `vocab_size`, as
+    `DraftModelCandidates` cuts them."""
+    cache, device = new_cache(draft_model), draft_model.device
+    start = clock(device)
+    first = forward(draft_model, prompt_ids, cache, logits_to_keep=1)
+    prefill_s = clock(device) - start
+    logits = torch.cat([first, forward(draft_model, continuation, cache)])[:, :vocab_size].float()
+    return DraftForecast(len(prompt_ids) - 1, logits.argmax(-1).tolist(), logits.softmax(-1).amax(-1).tolist(),
+                         prefill_s)
 
 
 class TeacherForcedDraft:
@@ -78,12 +90,12 @@ class TeacherForcedDraft:
         self.length.reset()
 
     def propose(self, tokens, max_candidates, sampling, rng) -> Candidates:
-        last = len(self.forecast.argmax) - 1
         proposed = []
-        for at in range(len(tokens) - 1, len(tokens) - 1 + min(self.length.k, max_candidates)):
-            self.forwards += 1  # forecast index `at` predicts the token after position `at`
-            proposed.append(self.forecast.argmax[min(at, last)])
-            if self.forecast.top_probability[min(at, last)] < self.confidence_threshold:
+        for position in range(len(tokens) - 1, len(tokens) - 1 + min(self.length.k, max_candidates)):
+            self.forwards += 1
+            token, top_probability = self.forecast.at(position)
+            proposed.append(token)
+            if top_probability < self.confidence_threshold:
                 break
         return Candidates(proposed)
 
@@ -134,12 +146,14 @@ class Replay:
         return self.draft_forwards > 0
 
 
-def replay(source, prompt_ids: list[int], continuation: list[int]) -> Replay:
-    """Run `source` through the speculative loop against the known greedy output."""
+def replay(source, prompt_ids: list[int], continuation: list[int], max_new_tokens: int | None = None) -> Replay:
+    """Run `source` through the speculative loop against the known greedy output (which stopped at
+    a stop token or at `max_new_tokens`: the decoder caps proposals by the latter)."""
     source.reset(vocab_size=None)
+    budget = len(continuation) if max_new_tokens is None else max_new_tokens
     tokens, done, proposed_per_step, accepted_per_step = list(prompt_ids), 0, [], []
     while done < len(continuation):
-        left = len(continuation) - done
+        left = budget - done
         proposed = source.propose(tokens, left - 1, GREEDY, None).token_ids
         accepted = 0
         while accepted < len(proposed) and proposed[accepted] == continuation[done + accepted]:
@@ -169,11 +183,13 @@ class Costs:
 
 
 def predicted_time(run: Replay, prefill_s: float, step_s: float, draft_prefill_s: float, costs: Costs) -> float:
-    """Prefill (with the first verification in it), then a target forward over each step's
-    tokens and the draft's forwards, in units of the measured AR step."""
+    """Seconds: the target's prefill (the first verification rides on it), a target forward over
+    each later step's tokens (T(n) / T(1) AR steps of `step_s`), and the draft's forwards at c AR
+    steps each, its first one being its prefill."""
     target = sum(costs.verify(n) for n in run.verified) * step_s
-    draft = run.draft_forwards * costs.draft_cost_ratio * step_s
-    return prefill_s + (draft_prefill_s if run.uses_draft else 0.0) + target + draft
+    if not run.uses_draft:
+        return prefill_s + target
+    return prefill_s + target + draft_prefill_s + (run.draft_forwards - 1) * costs.draft_cost_ratio * step_s
 
 
 @dataclass(frozen=True)
@@ -181,7 +197,7 @@ class Source:
     """One (candidate source, k) the picker predicts: `make(forecast)` builds it for one prompt."""
 
     name: str
-    source: str  # "prompt lookup", "draft model", "hybrid": as a Method's params name it
+    kind: str  # "prompt lookup", "draft model", "hybrid": a Method's params["source"]
     k: int
     schedule: str | None  # as the Method's params name it (None: they name none)
     implementation: str
@@ -244,6 +260,7 @@ class Calibration:
     category: str
     prompt_ids: list[int]
     continuation: list[int]
+    max_new_tokens: int
     prefill_s: float  # target AR's time to first token
     step_s: float  # target AR's time per later token
     forecast: DraftForecast
@@ -253,13 +270,31 @@ def calibrate(target, draft, prompts: Sequence[data.Prompt], tokenizer, max_new_
     """The cheap measurements, per prompt: the target's greedy output with its prefill and step
     times (our AR loop, after one warm-up call), and one teacher-forced forward of the draft."""
     encoded = [data.encode(tokenizer, prompt, chat=True) for prompt in prompts]
-    autoregressive.generate(target, encoded[0], 4)  # the first call pays one-off costs
+    vocab_size = target.config.vocab_size
+    autoregressive.generate(target, encoded[0], 4)  # the first calls pay one-off costs
+    forecast_draft(draft, encoded[0], [0] * 4, vocab_size)
     found = []
     for prompt, prompt_ids in zip(tqdm(prompts, desc="picker: calibration"), encoded):
         ar = autoregressive.generate(target, prompt_ids, max_new_tokens)
         step_s = (ar.wall_time_s - ar.time_to_first_token_s) / max(ar.num_tokens - 1, 1)
-        found.append(Calibration(prompt.id, prompt.category, prompt_ids, ar.tokens, ar.time_to_first_token_s,
-                                 step_s, forecast_draft(draft, prompt_ids, ar.tokens)))
+        found.append(Calibration(prompt.id, prompt.category, prompt_ids, ar.tokens, max_new_tokens,
+                                 ar.time_to_first_token_s, step_s, forecast_draft(draft, prompt_ids, ar.tokens,
+                                                                                  vocab_size)))
+    return found
+
+
+def calibrations_from_rows(ar_rows: pd.DataFrame, prompts: dict, tokenizer, draft, vocab_size: int,
+                           max_new_tokens: int) -> list[Calibration]:
+    """Calibrations from a benchmark's target-AR rows (their greedy text and times), one draft
+    forecast each: the picker's model on prompts whose speedups were measured."""
+    found = []
+    for row in tqdm(list(ar_rows.itertuples()), desc="picker: same-prompt check"):
+        prompt = prompts[row.prompt_id]
+        prompt_ids = data.encode(tokenizer, prompt, chat=True)
+        step_s = (row.wall_time_s - row.time_to_first_token_s) / max(len(row.tokens) - 1, 1)
+        found.append(Calibration(prompt.id, prompt.category, prompt_ids, list(row.tokens), max_new_tokens,
+                                 row.time_to_first_token_s, step_s,
+                                 forecast_draft(draft, prompt_ids, list(row.tokens), vocab_size)))
     return found
 
 
@@ -275,8 +310,7 @@ def draft_agreement(calibrations: Sequence[Calibration]) -> float:
     pooled over the calibration prompts: Leviathan's alpha for a greedy draft."""
     hits = total = 0
     for cal in calibrations:
-        start = len(cal.prompt_ids) - 1
-        predicted = cal.forecast.argmax[start:start + len(cal.continuation)]
+        predicted = cal.forecast.argmax[:len(cal.continuation)]
         hits += sum(a == b for a, b in zip(predicted, cal.continuation))
         total += len(cal.continuation)
     return hits / total if total else float("nan")
@@ -288,9 +322,9 @@ def predict(calibrations: Sequence[Calibration], listed: Sequence[Source], costs
     for cal in calibrations:
         ar_time = cal.prefill_s + (len(cal.continuation) - 1) * cal.step_s
         for item in listed:
-            run = replay(item.make(cal.forecast), cal.prompt_ids, cal.continuation)
+            run = replay(item.make(cal.forecast), cal.prompt_ids, cal.continuation, cal.max_new_tokens)
             method_time = predicted_time(run, cal.prefill_s, cal.step_s, cal.forecast.prefill_s, costs)
-            records.append({"source": item.name, "kind": item.source, "k": item.k, "schedule": item.schedule,
+            records.append({"source": item.name, "kind": item.kind, "k": item.k, "schedule": item.schedule,
                             "implementation": item.implementation, "prompt_id": cal.prompt_id,
                             "category": cal.category,
                             "tokens_per_target_forward": len(cal.continuation) / len(run.proposed),
@@ -309,7 +343,8 @@ def per_category(predictions: pd.DataFrame) -> pd.DataFrame:
 
 
 def recommend(table: pd.DataFrame) -> pd.DataFrame:
-    """Per category, our source with the highest predicted speedup (a plain AR step when none beats 1)."""
+    """Per category, our source with the highest predicted speedup (below 1 when the picker expects
+    plain AR to be faster than any of them)."""
     ours = table[table.implementation == "ours"]
     best = ours.loc[ours.groupby("category", sort=False).predicted_speedup.idxmax()]
     return best.reset_index(drop=True)

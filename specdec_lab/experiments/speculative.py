@@ -4,6 +4,7 @@ each declared-lossless method reproduces AR greedy token for token."""
 
 from __future__ import annotations
 
+import json
 import sys
 from dataclasses import dataclass, replace
 
@@ -11,7 +12,7 @@ import pandas as pd
 
 from specdec_lab import data, hardware, metrics, models
 from specdec_lab.experiments import common, lineups, picker
-from specdec_lab.runs import bench
+from specdec_lab.runs import bench, jsonl
 
 NOTEBOOK = "02_speculative"
 
@@ -35,15 +36,29 @@ class Tables:
 
 @dataclass
 class Picked:
-    """What the draft picker predicted from its calibration prompts, before the line-up ran."""
+    """What the draft picker predicted from its calibration prompts (held out from the line-up),
+    before the line-up ran; `table` gains the measured speedups and a same-prompt check after it."""
 
     calibration_prompts: list[str]
     draft_agreement: float  # teacher-forced, per position
     costs: picker.Costs
     hybrid_settings: dict  # the hybrid's defaults, chosen by predicted speedup
     hybrid_grid: pd.DataFrame  # every hybrid setting weighed, with its predicted speedups
-    table: pd.DataFrame  # per (category, source): predicted, and measured where the line-up ran it
+    table: pd.DataFrame  # per (category, source): predicted, then measured where the line-up ran it
     recommended: pd.DataFrame  # per category: our source with the highest predicted speedup
+
+    def to_json(self) -> dict:
+        return {"calibration_prompts": self.calibration_prompts, "draft_agreement": self.draft_agreement,
+                "relative_target": {int(n): float(v) for n, v in self.costs.relative_target.items()},
+                "draft_cost_ratio": self.costs.draft_cost_ratio, "hybrid_settings": self.hybrid_settings,
+                **{name: getattr(self, name).to_dict("records") for name in ("hybrid_grid", "table", "recommended")}}
+
+    @classmethod
+    def from_json(cls, saved: dict) -> "Picked":
+        costs = picker.Costs(pd.Series({int(n): v for n, v in saved["relative_target"].items()}),
+                             saved["draft_cost_ratio"])
+        return cls(saved["calibration_prompts"], saved["draft_agreement"], costs, saved["hybrid_settings"],
+                   *(pd.DataFrame(saved[name]) for name in ("hybrid_grid", "table", "recommended")))
 
 
 # Each prompt set is one kind of text: MT-bench's own eight categories would hold 1-2 of the ten
@@ -68,11 +83,13 @@ def run(params: dict) -> Tables:
     only references."""
     tables = measure(params)
     if params["fp32_control"]:
-        tables.control = fp32_control(params)
+        tables.control = fp32_control(params, tables.picked.hybrid_settings if tables.picked else None)
     return tables
 
 
 def measure(params: dict) -> Tables:
+    if params["picker_prompts"]:
+        calibration_prompts(params)  # enough prompts left for the picker? Say so before loading anything
     dtype, device = params["dtype"], params["device"]
     target, draft = models.load(params["target"], dtype, device), models.load(params["draft"], dtype, device)
     models.check_same_tokenizer(target.tokenizer, draft.tokenizer, params["target"], params["draft"])
@@ -96,8 +113,9 @@ def measure(params: dict) -> Tables:
     sweep_ids = {p.id for p in prompts_of(params, params["sweep_prompts"])}
     all_rows = bench.run([*methods, *sweep_methods], prompts, target.tokenizer,
                          out=common.results_file(params, NOTEBOOK, "methods.jsonl"), repeats=params["repeats"],
-                         warmup=params["warmup"], config=params, desc="methods",
-                         only_on={m.name: sweep_ids for m in sweep_methods})
+                         warmup=params["warmup"], desc="methods", only_on={m.name: sweep_ids for m in sweep_methods},
+                         # the picker's choice of hybrid settings is part of what these rows measured
+                         config={**params, **({"hybrid_settings": picked.hybrid_settings} if picked else {})})
     rows = metrics.add_agreement(all_rows[all_rows.decoder.isin(names)], reference_decoder=lineups.TARGET_AR)
     table = metrics.summary(rows, baseline=lineups.TARGET_AR)
     schedule = params["schedules"][0]
@@ -119,7 +137,8 @@ def measure(params: dict) -> Tables:
     tables = Tables(rows, table, by_category(rows), focus_category(rows), ours, theirs, lossy, texts, acceptance,
                     sweep, None)
     if picked is not None:
-        picked.table = picked_vs_measured(picked.table, all_rows)
+        picked.table = picked_vs_measured(picked.table, same_prompt_check(params, picked, target, draft, all_rows),
+                                          all_rows)
         tables.picked = picked
     tables.per_category = per_category(tables)
     common.write_outputs(params, NOTEBOOK, common.summary_lines(table, methods), headline(tables),
@@ -127,12 +146,31 @@ def measure(params: dict) -> Tables:
     return tables
 
 
+def calibration_prompts(params: dict) -> list[data.Prompt]:
+    """The `picker_prompts` prompts that follow the line-up's in each set: the picker calibrates on
+    prompts the line-up never runs."""
+    lineup = {p.id for p in prompts_of(params, params["num_prompts"])}
+    held_out = [p for p in prompts_of(params, params["num_prompts"] + params["picker_prompts"]) if p.id not in lineup]
+    missing = sorted({p.category for p in prompts_of(params, 1)} - {p.category for p in held_out})
+    if missing:
+        raise ValueError(f"picker_prompts: no prompt of {missing} is left after the line-up's num_prompts="
+                         f"{params['num_prompts']}; lower num_prompts, or set picker_prompts: 0 (no picker)")
+    return held_out
+
+
 def pick(params: dict, target: models.LoadedModel, draft: models.LoadedModel, c: float) -> Picked:
-    """The draft picker on the first `picker_prompts` of each set: the target's greedy output and
-    AR times, the draft's teacher-forced agreement, T(n) of the target; then every source's
-    predicted speedup per category, and the hybrid's defaults (the settings predicted fastest).
-    Nothing the line-up measures goes in."""
-    prompts = prompts_of(params, params["picker_prompts"])
+    """The draft picker on held-out calibration prompts: the target's greedy output and AR times,
+    the draft's teacher-forced agreement, T(n) of the target; then every source's predicted speedup
+    per category, and the hybrid's defaults (the settings predicted fastest). Saved, so a resumed
+    run keeps the same hybrid (and its rows)."""
+    saved = common.results_file(params, NOTEBOOK, "picker.json")
+    key = jsonl.config_hash(params)
+    if saved.exists():
+        found = json.loads(saved.read_text())
+        if found.get("key") == key:
+            print(f"draft picker: resumed from {saved}")
+            return Picked.from_json(found)
+    prompts = calibration_prompts(params)
     calibrations = picker.calibrate(target.model, draft.model, prompts, target.tokenizer, params["max_new_tokens"])
     agreement = picker.draft_agreement(calibrations)
     costs = picker.measure_costs(target.model, c, max_n=params["max_new_tokens"])
@@ -141,32 +179,54 @@ def pick(params: dict, target: models.LoadedModel, draft: models.LoadedModel, c:
     table = picker.per_category(picker.predict(calibrations, listed, costs))
     print(f"draft picker: {len(prompts)} calibration prompts, draft agreement (teacher-forced) {agreement:.3f}, "
           f"hybrid settings {settings}")
-    return Picked([p.id for p in prompts], agreement, costs, settings, grid, table, picker.recommend(table))
+    picked = Picked([p.id for p in prompts], agreement, costs, settings, grid, table, picker.recommend(table))
+    saved.parent.mkdir(parents=True, exist_ok=True)
+    saved.write_text(json.dumps({"key": key, **picked.to_json()}, indent=1))
+    return picked
+
+
+def same_prompt_check(params: dict, picked: Picked, target: models.LoadedModel, draft: models.LoadedModel,
+                      all_rows: pd.DataFrame) -> pd.DataFrame:
+    """The picker's model run on the line-up's own prompts, calibrated by the line-up's AR rows
+    (its greedy text and times): per (category, source), what it predicts where it is measured.
+    Prediction error here is the model's; the held-out prediction adds the prompts' spread."""
+    ar_rows = all_rows[(all_rows.decoder == lineups.TARGET_AR) & (all_rows.repeat == 0)]
+    prompts = {p.id: p for p in prompts_of(params, params["num_prompts"])}
+    calibrations = picker.calibrations_from_rows(ar_rows, prompts, target.tokenizer, draft.model,
+                                                 target.model.config.vocab_size, params["max_new_tokens"])
+    listed = picker.sources(params["k_values"], params["k"], params["prompt_lookup_k"],
+                            picked.costs.draft_cost_ratio, picked.hybrid_settings)
+    return picker.per_category(picker.predict(calibrations, listed, picked.costs))
 
 
 def measured_key(method_params: dict, implementation: str) -> tuple:
     """How a measured row and a picker source are matched: source, k, schedule, implementation."""
-    return method_params.get("source"), method_params.get("k"), method_params.get("schedule"), implementation
+    schedule = method_params.get("schedule")
+    return method_params.get("source"), method_params.get("k"), schedule if isinstance(schedule, str) else None, implementation
 
 
-def picked_vs_measured(predicted: pd.DataFrame, all_rows: pd.DataFrame) -> pd.DataFrame:
-    """The picker's per-category predictions beside the measured speedup of the same source (the
-    line-up's rows, or the k sweep's on its prompts), with its interval, and the relative error."""
+def picked_vs_measured(predicted: pd.DataFrame, same_prompts: pd.DataFrame, all_rows: pd.DataFrame) -> pd.DataFrame:
+    """The picker's per-category predictions (from held-out calibration prompts, and on the line-up's
+    own prompts) beside the measured speedup of the same source (the line-up's rows, or the k
+    sweep's on its prompts) with its interval, and each prediction's relative error."""
     speed = metrics.speedups(all_rows, lineups.TARGET_AR)
     keys = {decoder: measured_key(p, impl) for decoder, p, impl in
             all_rows[["decoder", "method_params", "implementation"]].drop_duplicates("decoder").itertuples(index=False)}
     speed["key"] = speed.decoder.map(keys)
+    same = same_prompts.set_index(["category", "source"]).predicted_speedup
     records = []
     for line in predicted.itertuples():
-        key = (line.kind, line.k, line.schedule if isinstance(line.schedule, str) else None, line.implementation)
+        key = measured_key({"source": line.kind, "k": int(line.k), "schedule": line.schedule}, line.implementation)
         measured = speed[(speed.category == line.category) & speed.key.map(lambda found: found == key)]
         per_prompt = measured.groupby("prompt_id").speedup.median()
         low, high = metrics.bootstrap_interval(per_prompt)
-        records.append({"measured_as": measured.decoder.iloc[0] if len(measured) else None,
+        records.append({"predicted_same_prompts": same.get((line.category, line.source), float("nan")),
+                        "measured_as": measured.decoder.iloc[0] if len(measured) else None,
                         "speedup": metrics.geometric_mean(per_prompt), "speedup_low": low, "speedup_high": high,
                         "measured_prompts": len(per_prompt)})
     table = pd.concat([predicted.reset_index(drop=True), pd.DataFrame(records)], axis=1)
     table["error"] = table.predicted_speedup / table.speedup - 1
+    table["error_same_prompts"] = table.predicted_same_prompts / table.speedup - 1
     return table
 
 
@@ -213,12 +273,15 @@ def picker_findings(tables: Tables, tolerance: float = 0.15) -> str:
         chosen = tables.picked.recommended.set_index("category").loc[category]
         checked = group.dropna(subset=["speedup"])
         within = (checked.error.abs() <= tolerance).sum()
+        within_same = (checked.error_same_prompts.abs() <= tolerance).sum()
         worst = checked.loc[checked.error.abs().idxmax()] if len(checked) else None
         lines.append(f"- **{category}**: the picker recommends **{chosen.source}** (predicted "
                      f"{chosen.predicted_speedup:.2f}x over AR). Of the {len(checked)} sources the line-up measured, "
-                     f"{within} are predicted within {tolerance:.0%}"
-                     + (f"; the furthest is {worst.source}: predicted {worst.predicted_speedup:.2f}x, measured "
-                        f"{worst.speedup:.2f}x ({worst.error:+.0%})." if worst is not None else "."))
+                     f"{within} are predicted within {tolerance:.0%} from the held-out calibration prompts and "
+                     f"{within_same} on the line-up's own prompts"
+                     + (f"; the furthest from held-out prompts is {worst.source}: predicted "
+                        f"{worst.predicted_speedup:.2f}x, measured {worst.speedup:.2f}x ({worst.error:+.0%}), "
+                        f"{worst.predicted_same_prompts:.2f}x on the same prompts." if worst is not None else "."))
     return "\n".join(lines)
 
 
@@ -230,12 +293,13 @@ def draft_cost_ratio(target: models.LoadedModel, draft: models.LoadedModel) -> f
     return cost[0] / cost[1]
 
 
-def fp32_control(params: dict) -> pd.DataFrame:
+def fp32_control(params: dict, hybrid_settings: dict | None = None) -> pd.DataFrame:
     """Every declared-lossless method of the line-up in fp32, against AR greedy of the fp32 target.
 
     Lossless is a property of the decoder, not of the pair: `control_target` and `control_draft`
     (default: the line-up's) can name a smaller pair, whose draft may be quantized and in another
-    dtype (only the target's arithmetic decides the output), so the control fits a CPU budget."""
+    dtype (only the target's arithmetic decides the output), so the control fits a CPU budget. The
+    hybrid runs with the line-up's settings (`hybrid_settings`, the picker's choice)."""
     target_spec = params["control_target"] or params["target"]
     draft_spec = params["control_draft"] or params["draft"]
     draft_quantization = params["control_draft_quantization"]
@@ -249,10 +313,12 @@ def fp32_control(params: dict) -> pd.DataFrame:
                                           prompt_lookup_k=params["prompt_lookup_k"], lossy=False,
                                           transformers_defaults=params["transformers_defaults"],
                                           schedules=params["schedules"],
-                                          hybrid_cost_ratio=draft_cost_ratio(target, draft) if params["hybrid"] else None)
+                                          hybrid_cost_ratio=draft_cost_ratio(target, draft) if params["hybrid"] else None,
+                                          hybrid_settings=hybrid_settings)
     prompts = prompts_of(params, params["control_prompts"])
     control = bench.run(methods, prompts, target.tokenizer, out=common.results_file(params, NOTEBOOK, "fp32_control.jsonl"),
-                        repeats=1, warmup=0, config=params, desc="fp32 control")
+                        repeats=1, warmup=0, desc="fp32 control",
+                        config={**params, **({"hybrid_settings": hybrid_settings} if hybrid_settings else {})})
     return metrics.add_agreement(control, lineups.TARGET_AR)
 
 
@@ -340,8 +406,6 @@ def texts_markdown(tables: Tables) -> str:
 def markdown_by_category(results_dir: str) -> str:
     """The per-category table of the newest run in `results_dir` (its complete prompts only): what
     `python -m specdec_lab.experiments.speculative results/cpu` prints for the README."""
-    from specdec_lab.runs import jsonl
-
     path = common.results_file({"results_dir": results_dir}, NOTEBOOK, "methods.jsonl")
     rows = jsonl.read(path)
     if not rows:
