@@ -118,3 +118,28 @@ def test_replay_caps_proposals_by_max_new_tokens_not_by_the_text():
     real = speculative.generate(TARGET, PromptLookupCandidates(6), PROMPT, 48, stop_ids=[stop])
     run = picker.replay(PromptLookupCandidates(6), PROMPT, real.tokens, 48)
     assert (run.proposed, run.accepted) == steps(real)
+
+
+class Proposes:
+    """A candidate source that always proposes the same tokens."""
+
+    forwards = 0
+
+    def __init__(self, tokens):
+        self.tokens = tokens
+
+    def reset(self, vocab_size=None):
+        pass
+
+    def propose(self, tokens, max_candidates, sampling, rng):
+        from specdec_lab.decoders.candidates import Candidates
+        return Candidates(self.tokens[:max_candidates])
+
+    def update(self, tokens, num_accepted, num_proposed):
+        pass
+
+
+def test_replay_ends_at_a_stop_token_a_proposal_runs_past():
+    """The text stopped at token 3 after two tokens; the proposal (budget 10) holds it and more."""
+    run = picker.replay(Proposes([7, 3, 9, 9]), PROMPT, [7, 3], max_new_tokens=10)
+    assert (run.proposed, run.accepted) == ([4], [2])

@@ -155,8 +155,9 @@ def replay(source, prompt_ids: list[int], continuation: list[int], max_new_token
     while done < len(continuation):
         left = budget - done
         proposed = source.propose(tokens, left - 1, GREEDY, None).token_ids
-        accepted = 0
-        while accepted < len(proposed) and proposed[accepted] == continuation[done + accepted]:
+        accepted = 0  # (a proposal may run past the stop token that ended the text: the text ends there)
+        while (accepted < len(proposed) and done + accepted < len(continuation)
+               and proposed[accepted] == continuation[done + accepted]):
             accepted += 1
         new = continuation[done:done + accepted + 1]
         tokens += new
