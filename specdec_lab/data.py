@@ -139,6 +139,12 @@ def spider_prompts() -> list[Prompt]:
     ]
 
 
+def spider_gold() -> dict[str, str]:
+    """The gold SQL query of every Spider dev prompt, by prompt id."""
+    examples = json.loads(data_file(SPIDER).read_text(encoding="utf-8"))
+    return {f"spider-dev-{i}": ex["query"] for i, ex in enumerate(examples)}
+
+
 def schema_text(db: dict) -> str:
     """One line per table, `table(col, col, ...)`, in Spider's original spelling of the names."""
     columns: dict[int, list[str]] = {i: [] for i in range(len(db["table_names_original"]))}

@@ -10,6 +10,7 @@ Two measures, both deterministic:
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -124,3 +125,30 @@ def encode_texts(tokenizer, texts: Sequence[str] = TEXTS) -> list[list[int]]:
 
 def text_perplexity(model, tokenizer, texts: Sequence[str] = TEXTS) -> float:
     return perplexity(model, encode_texts(tokenizer, texts))
+
+
+# --- task quality: SQL exact match -----------------------------------------------------------------
+
+SQL_FENCE = re.compile(r"```(?:sql)?\s*(.*?)(?:```|$)", re.S | re.I)
+
+
+def extract_sql(answer: str) -> str:
+    """The query in a model's answer: the first fenced block if there is one (an unclosed fence runs
+    to the end), from its first SELECT or WITH, up to the first ';'."""
+    fenced = SQL_FENCE.search(answer)
+    sql = fenced.group(1) if fenced else answer
+    start = re.search(r"\b(select|with)\b", sql, re.I)
+    return (sql[start.start():] if start else sql).split(";")[0]
+
+
+def normalize_sql(sql: str) -> str:
+    """Lower case, double quotes as single ones, one space between tokens and around parentheses
+    and commas: two spellings of the same query compare equal (string literals lose their case)."""
+    sql = re.sub(r"\s*([(),])\s*", r" \1 ", sql.replace('"', "'").lower())
+    return " ".join(sql.split())
+
+
+def sql_exact_match(answer: str, gold: str) -> bool:
+    """Spider-style exact match, as a normalized string match (not Spider's parsed-component match:
+    a query with its clauses in another order counts as different)."""
+    return normalize_sql(extract_sql(answer)) == normalize_sql(gold)

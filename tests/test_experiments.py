@@ -108,6 +108,18 @@ def test_block_table_reads_jacobi_rows_only():
     assert list(blocks.decoder) == [lineups.BASE_JACOBI] and list(blocks.iterations) == [3]
 
 
+def test_sql_accuracy_counts_each_prompt_once_against_its_gold():
+    gold = {"a": "SELECT 1 FROM t", "b": "SELECT 2 FROM t"}
+    rows = pd.DataFrame([row(lineups.BASE_AR, "a", text="```sql\nselect 1 from t\n```"),
+                         row(lineups.BASE_AR, "b", text="SELECT 3 FROM t"),
+                         row(lineups.BASE_AR, "b", repeat=1, text="SELECT 2 FROM t"),  # a later repeat: not counted
+                         row(lineups.CLLM_JACOBI, "a", text="SELECT 1 FROM t;"),
+                         row(lineups.CLLM_JACOBI, "b", text="SELECT 2 FROM t")])
+    table = cllm.sql_accuracy(rows, gold)
+    assert table.exact_match.to_dict() == {lineups.BASE_AR: 0.5, lineups.CLLM_JACOBI: 1.0}
+    assert table.prompts.to_dict() == {lineups.BASE_AR: 2, lineups.CLLM_JACOBI: 2}
+
+
 def curves() -> pd.DataFrame:
     """T(n)/T(1) of a model where tokens are nearly free (flat) and one where they are not (steep)."""
     n = [1, 8, 16, 32]

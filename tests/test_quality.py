@@ -53,3 +53,15 @@ def test_text_perplexity_of_quantized_model_differs_but_stays_finite(load):
     assert math.isfinite(four_bit) and four_bit != plain
 
 
+
+
+def test_sql_is_read_from_the_answer_and_compared_normalized():
+    from specdec_lab.quality import extract_sql, sql_exact_match
+
+    gold = "SELECT name ,  country ,  age FROM singer ORDER BY age DESC"
+    assert extract_sql("```sql\nSELECT name FROM singer;\n```\nThis lists the names.") == "SELECT name FROM singer"
+    assert extract_sql("Here it is: select count(*) from t") == "select count(*) from t"
+    assert extract_sql("```sql\nSELECT a FROM") == "SELECT a FROM"  # an unclosed fence: cut off by max_new_tokens
+    assert sql_exact_match("```sql\nselect name, country, age\nfrom singer order by age desc;\n```", gold)
+    assert not sql_exact_match("```sql\nSELECT name, country FROM singer ORDER BY age DESC\n```", gold)
+    assert sql_exact_match('SELECT count(*) FROM t WHERE x = "a"', "SELECT count ( * ) FROM t WHERE x = 'a'")

@@ -45,6 +45,7 @@ class Tables:
     break_even: pd.DataFrame  # per model and parallel method: tokens per forward needed to beat AR
     reference_table: pd.DataFrame | None = None  # AR vs lookahead (vs Jacobi) on an untrained larger model
     reference_blocks: pd.DataFrame | None = None
+    sql_accuracy: pd.DataFrame | None = None  # per method: exact match of its held-out SQL with Spider's gold
 
 
 def groups(prompts: Sequence[data.Prompt]) -> list[str]:
@@ -133,6 +134,8 @@ def run(params: dict) -> Tables:
         both.pivot_table(index="decoder", columns="prompts", values="tokens_per_target_forward"),
         nll, looping_answers(rows, lineups.CLLM_JACOBI), cost_curves,
         break_even_table(cost_curves, params["block_size"], params["lookahead_configs"]))
+    if params["prompt_set"] == "spider":
+        tables.sql_accuracy = sql_accuracy(rows, data.spider_gold())
     if reference_rows is not None:
         tables.reference_table = metrics.summary(reference_rows, baseline=lineups.BASE_AR)
         tables.reference_table["ms_per_forward"] = ms_per_forward(reference_rows)
@@ -177,6 +180,17 @@ def seen_and_held_out(seen: pd.DataFrame, held_out: pd.DataFrame) -> pd.DataFram
     held_out = held_out[held_out.decoder.isin(set(seen.decoder))]
     both = pd.concat([seen.assign(prompts="training databases"), held_out.assign(prompts="held-out databases")])
     return both[both.role == "parallel"].reset_index(drop=True)
+
+
+def sql_accuracy(rows: pd.DataFrame, gold: dict[str, str]) -> pd.DataFrame:
+    """Per method: the share of its held-out answers (first repeat) whose SQL matches Spider's gold
+    query (`quality.sql_exact_match`), and the prompt count. The lossless methods answer as the base
+    model does; the CLLM answers as itself."""
+    answers = rows[rows.repeat == 0]
+    records = [{"decoder": decoder, "exact_match": float(group.apply(lambda r: quality.sql_exact_match(
+                    r.text, gold[r.prompt_id]), axis=1).mean()), "prompts": len(group)}
+               for decoder, group in answers.groupby("decoder", sort=False)]
+    return pd.DataFrame(records).set_index("decoder")
 
 
 def block_table(rows: pd.DataFrame) -> pd.DataFrame:
@@ -277,6 +291,10 @@ def headline(tables: Tables) -> dict:
         "Jacobi (CLLM) speedup over AR (per token)": (f"{cllm.speedup:.2f}x (95% CI {cllm.speedup_low:.2f}-"
                                                       f"{cllm.speedup_high:.2f}, {int(cllm.prompts)} prompts)"),
         "CLLM agreement with base greedy": round(float(tables.table.agreement[lineups.CLLM_JACOBI]), 3),
+        **({"SQL exact match, base / CLLM": f"{tables.sql_accuracy.exact_match[lineups.BASE_AR]:.2f} / "
+                                            f"{tables.sql_accuracy.exact_match[lineups.CLLM_JACOBI]:.2f} "
+                                            f"({int(tables.sql_accuracy.prompts.max())} prompts)"}
+           if tables.sql_accuracy is not None else {}),
     }
 
 
@@ -301,7 +319,12 @@ def findings(tables: Tables, params: dict) -> str:
         f"Quality: the CLLM's greedy text matches the base model's on {table.agreement[cllm]:.0%} of its tokens "
         f"on average before the first difference; the NLL of the base model's held-out answers goes from "
         f"{nll['base']:.3f} to {nll['CLLM']:.3f} nats per token; {tables.looping} of the CLLM's {answers} held-out "
-        f"answers loop (an 8-token sequence three times or more), which converges in few iterations.")
+        f"answers loop (an 8-token sequence three times or more), which converges in few iterations."
+        + (f" Task quality: the generated SQL matches Spider's gold query (normalized string match) on "
+           f"{tables.sql_accuracy.exact_match[lineups.BASE_AR]:.0%} of the held-out prompts for the base model and "
+           f"{tables.sql_accuracy.exact_match[cllm]:.0%} for the CLLM ({int(tables.sql_accuracy.prompts.max())} "
+           f"prompts, {params['max_new_tokens']} tokens: a longer query is cut off and cannot match)."
+           if tables.sql_accuracy is not None else ""))
 
 
 def reference_findings(tables: Tables, params: dict) -> str:
