@@ -166,21 +166,22 @@ def predicted_speedup(alpha: float, k: int, cost_ratio: float) -> float:
     return (1 - alpha ** (k + 1)) / ((1 - alpha) * (k * cost_ratio + 1))
 
 
+def cost_at(curve: pd.Series, n: float) -> float:
+    """T(n) (or T(n) / T(1)) from a curve indexed by n: linear between measured n, flat beyond its ends."""
+    curve = curve.sort_index()
+    return float(np.interp(n, curve.index.to_numpy(dtype=float), curve.to_numpy(dtype=float)))
+
+
 def predicted_speedup_from_costs(alpha: float, k: int, target_ms: pd.Series, draft_ms_per_token: float) -> float:
     """Leviathan's expected tokens per step, (1 - alpha^(k+1)) / (1 - alpha), with each step's
     measured cost: k draft tokens plus one target forward over k + 1 tokens, T(k+1), against T(1)
     per token for AR. `target_ms` is T(n) indexed by n (linearly interpolated between measured n).
     With T(k+1) = T(1) and draft = c * T(1) this is eq. 1 (`predicted_speedup`)."""
-    target_ms = target_ms.sort_index()
-    if 1 not in target_ms.index or not k + 1 <= target_ms.index.max():
-        raise ValueError(f"need T(1) and T(n) up to n = k + 1 = {k + 1}, measured n: {list(target_ms.index)}: "
+    if 1 not in target_ms.index or not k + 1 <= target_ms.index.max():  # never extrapolated
+        raise ValueError(f"need T(1) and T(n) up to n = k + 1 = {k + 1}, measured n: {sorted(target_ms.index)}: "
                          "measure the cost curve over a range that covers the draft lengths")
-
-    def cost(n: int) -> float:  # linear between measured n, never extrapolated
-        return float(np.interp(n, target_ms.index.to_numpy(dtype=float), target_ms.to_numpy(dtype=float)))
-
     tokens = k + 1 if alpha >= 1.0 else (1 - alpha ** (k + 1)) / (1 - alpha)
-    return tokens * cost(1) / (k * draft_ms_per_token + cost(k + 1))
+    return tokens * cost_at(target_ms, 1) / (k * draft_ms_per_token + cost_at(target_ms, k + 1))
 
 
 def best_k_from_costs(alpha: float, target_ms: pd.Series, draft_ms_per_token: float) -> tuple[int, float]:

@@ -150,7 +150,7 @@ class PromptLookupCandidates:
     def propose(self, tokens, max_candidates, sampling, rng) -> Candidates:
         self.kind = None
         if self.match == "latest":
-            return Candidates(latest_match_continuation(tokens, min(self.k, max_candidates),
+            return Candidates(match_continuation(tokens, min(self.k, max_candidates),
                                                         self.max_ngram, self.min_ngram))
         follow_start, length = longest_match(tokens, self.min_ngram)
         if follow_start is None:
@@ -171,14 +171,16 @@ class PromptLookupCandidates:
         self.lengths[self.kind].update(num_accepted, num_proposed)
 
 
-def latest_match_continuation(tokens: list[int], k: int, max_ngram: int, min_ngram: int) -> list[int]:
-    """The k tokens that followed the latest earlier occurrence of the last n-gram, trying n from
-    `max_ngram` down to `min_ngram`; [] when there is none."""
+def match_continuation(tokens: list[int], k: int, max_ngram: int, min_ngram: int, earliest: bool = False) -> list[int]:
+    """The k tokens that followed the latest (or, `earliest=True`, the first: transformers' rule)
+    earlier occurrence of the last n-gram, trying n from `max_ngram` down to `min_ngram`; [] when
+    there is none."""
     if k < 1:
         return []
     for n in range(min(max_ngram, len(tokens) - 1), min_ngram - 1, -1):
         pattern = tokens[-n:]
-        for start in range(len(tokens) - n - 1, -1, -1):  # latest match first
+        starts = range(len(tokens) - n) if earliest else range(len(tokens) - n - 1, -1, -1)
+        for start in starts:
             if tokens[start:start + n] == pattern:
                 follow = tokens[start + n:start + n + k]
                 if follow:

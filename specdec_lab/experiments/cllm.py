@@ -13,7 +13,6 @@ from pathlib import Path
 import pandas as pd
 import torch
 
-import numpy as np
 
 from specdec_lab import data, hardware, metrics, models, quality
 from specdec_lab.cllm import train, trajectories
@@ -233,7 +232,7 @@ def relative_cost(curve: pd.DataFrame, n: int) -> float:
     """T(n) / T(1) from one model's curve, linear between measured n; NaN beyond the largest."""
     if n > curve.n.max():
         return float("nan")
-    return float(np.interp(n, curve.n, curve.relative_to_one))
+    return metrics.cost_at(curve.set_index("n").relative_to_one, n)
 
 
 def break_even_table(curves: pd.DataFrame, block_size: int, lookahead_configs) -> pd.DataFrame:

@@ -26,7 +26,6 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-import numpy as np
 import pandas as pd
 import torch
 
@@ -34,7 +33,8 @@ from tqdm.auto import tqdm
 
 from specdec_lab import data, hardware, metrics
 from specdec_lab.decoders import autoregressive
-from specdec_lab.decoders.candidates import Candidates, DraftLength, HybridCandidates, PromptLookupCandidates
+from specdec_lab.decoders.candidates import (Candidates, DraftLength, HybridCandidates, PromptLookupCandidates,
+                                            match_continuation)
 from specdec_lab.decoders.common import clock, forward, new_cache
 from specdec_lab.sampling import GREEDY
 
@@ -116,13 +116,7 @@ class FirstMatchLookup:
         pass
 
     def propose(self, tokens, max_candidates, sampling, rng) -> Candidates:
-        k = min(self.k, max_candidates)
-        for n in range(min(self.max_ngram, len(tokens) - 1), 0, -1):
-            pattern = tokens[-n:]
-            for start in range(len(tokens) - n):
-                if tokens[start:start + n] == pattern and start + n < len(tokens):
-                    return Candidates(tokens[start + n:start + n + k] if k > 0 else [])
-        return Candidates([])
+        return Candidates(match_continuation(tokens, min(self.k, max_candidates), self.max_ngram, 1, earliest=True))
 
     def update(self, tokens, num_accepted, num_proposed) -> None:
         pass
@@ -179,8 +173,7 @@ class Costs:
 
     def verify(self, n: int) -> float:
         """T(n) / T(1), linear between measured n (flat beyond the last: an underestimate there)."""
-        curve = self.relative_target.sort_index()
-        return float(np.interp(n, curve.index.to_numpy(float), curve.to_numpy(float)))
+        return metrics.cost_at(self.relative_target, n)
 
 
 def predicted_time(run: Replay, prefill_s: float, step_s: float, draft_prefill_s: float, costs: Costs) -> float:
@@ -267,6 +260,15 @@ class Calibration:
     forecast: DraftForecast
 
 
+def calibration(prompt: data.Prompt, prompt_ids: list[int], tokens: list[int], first_token_s: float, wall_s: float,
+                max_new_tokens: int, draft, vocab_size: int) -> Calibration:
+    """One prompt's calibration from its AR run (greedy tokens, time to first token, wall time)
+    and a draft forecast along those tokens."""
+    step_s = (wall_s - first_token_s) / max(len(tokens) - 1, 1)
+    return Calibration(prompt.id, prompt.category, prompt_ids, tokens, max_new_tokens, first_token_s, step_s,
+                       forecast_draft(draft, prompt_ids, tokens, vocab_size))
+
+
 def calibrate(target, draft, prompts: Sequence[data.Prompt], tokenizer, max_new_tokens: int) -> list[Calibration]:
     """The cheap measurements, per prompt: the target's greedy output with its prefill and step
     times (our AR loop, after one warm-up call), and one teacher-forced forward of the draft."""
@@ -277,10 +279,8 @@ def calibrate(target, draft, prompts: Sequence[data.Prompt], tokenizer, max_new_
     found = []
     for prompt, prompt_ids in zip(tqdm(prompts, desc="picker: calibration"), encoded):
         ar = autoregressive.generate(target, prompt_ids, max_new_tokens)
-        step_s = (ar.wall_time_s - ar.time_to_first_token_s) / max(ar.num_tokens - 1, 1)
-        found.append(Calibration(prompt.id, prompt.category, prompt_ids, ar.tokens, max_new_tokens,
-                                 ar.time_to_first_token_s, step_s, forecast_draft(draft, prompt_ids, ar.tokens,
-                                                                                  vocab_size)))
+        found.append(calibration(prompt, prompt_ids, ar.tokens, ar.time_to_first_token_s, ar.wall_time_s,
+                                 max_new_tokens, draft, vocab_size))
     return found
 
 
@@ -288,15 +288,9 @@ def calibrations_from_rows(ar_rows: pd.DataFrame, prompts: dict, tokenizer, draf
                            max_new_tokens: int) -> list[Calibration]:
     """Calibrations from a benchmark's target-AR rows (their greedy text and times), one draft
     forecast each: the picker's model on prompts whose speedups were measured."""
-    found = []
-    for row in tqdm(list(ar_rows.itertuples()), desc="picker: same-prompt check"):
-        prompt = prompts[row.prompt_id]
-        prompt_ids = data.encode(tokenizer, prompt, chat=True)
-        step_s = (row.wall_time_s - row.time_to_first_token_s) / max(len(row.tokens) - 1, 1)
-        found.append(Calibration(prompt.id, prompt.category, prompt_ids, list(row.tokens), max_new_tokens,
-                                 row.time_to_first_token_s, step_s,
-                                 forecast_draft(draft, prompt_ids, list(row.tokens), vocab_size)))
-    return found
+    return [calibration(prompts[row.prompt_id], data.encode(tokenizer, prompts[row.prompt_id], chat=True),
+                        list(row.tokens), row.time_to_first_token_s, row.wall_time_s, max_new_tokens, draft, vocab_size)
+            for row in tqdm(list(ar_rows.itertuples()), desc="picker: same-prompt check")]
 
 
 def measure_costs(target, draft_cost_ratio: float, max_n: int, repeats: int = 3) -> Costs:
