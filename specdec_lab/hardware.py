@@ -52,7 +52,9 @@ def forward_cost_curve(model, n_values=range(1, 33), prefix_tokens: int = 200, r
                        token_id: int = 100) -> pd.DataFrame:
     """T(n): median wall time (ms) of one forward over n new tokens after a `prefix_tokens` cache,
     for each n, the cache rolled back after each pass. n values are interleaved over repeats so a
-    drift of the machine hits them alike; one untimed pass per n warms up first."""
+    drift of the machine hits them alike; one untimed pass per n warms up first. `ms_fit` is the
+    nondecreasing fit of the medians and `relative_to_one` = ms_fit / ms_fit at n = 1: every ratio
+    divides by T(1), so one noisy median there must not skew them all."""
     device = next(model.parameters()).device
     token_id = min(token_id, model.config.vocab_size - 1)  # any token costs the same; a tiny vocabulary has few
     cache = new_cache(model)
@@ -68,8 +70,24 @@ def forward_cost_curve(model, n_values=range(1, 33), prefix_tokens: int = 200, r
             if repeat:  # the first round is the warm-up
                 times[n].append(1000 * elapsed)
     curve = pd.DataFrame({"n": n_values, "ms": [float(pd.Series(times[n]).median()) for n in n_values]})
-    curve["relative_to_one"] = curve.ms / curve.ms[curve.n == 1].iloc[0] if 1 in n_values else float("nan")
+    curve = curve.sort_values("n", ignore_index=True)
+    curve["ms_fit"] = nondecreasing(curve.ms.tolist())
+    curve["relative_to_one"] = curve.ms_fit / curve.ms_fit[curve.n == 1].iloc[0] if 1 in n_values else float("nan")
     return curve
+
+
+def nondecreasing(values: list[float]) -> list[float]:
+    """The least-squares nondecreasing fit of `values` (pool adjacent violators). A forward over
+    more tokens never costs less than one over fewer, so a dip between neighbours is timing noise:
+    the pair (or run) that breaks the order is replaced by its mean."""
+    blocks: list[list[float]] = []  # [sum, count] of each pooled run, in order
+    for value in values:
+        blocks.append([value, 1])
+        while len(blocks) > 1 and blocks[-2][0] / blocks[-2][1] > blocks[-1][0] / blocks[-1][1]:
+            total, count = blocks.pop()
+            blocks[-1][0] += total
+            blocks[-1][1] += count
+    return [total / count for total, count in blocks for _ in range(int(count))]
 
 
 def linear_kernel_table(in_features: int, out_features: int, rows=(1, 8), dtype=torch.bfloat16,

@@ -83,6 +83,16 @@ def bootstrap_interval(per_prompt, level: float = 0.95, resamples: int = 2000, s
     return float(np.exp(np.percentile(draws, tail))), float(np.exp(np.percentile(draws, 100 - tail)))
 
 
+def decode_tokens_per_second(rows: pd.DataFrame) -> pd.Series:
+    """Per row: tokens after the first over the time after the first, i.e. decoding alone, the
+    regime the memory-bandwidth bound describes (one read of the weights per step). The prefill
+    is compute-bound and its cost differs a lot between backends (int4 kernels widen every weight for
+    every prompt row), so it must not be charged to the decode loop's distance from that bound."""
+    num_tokens = rows.tokens.map(len) if "num_tokens" not in rows else rows.num_tokens
+    decoding_s = rows.wall_time_s - rows.time_to_first_token_s
+    return ((num_tokens - 1) / decoding_s).where((num_tokens > 1) & (decoding_s > 0))
+
+
 def per_prompt(values: pd.DataFrame, column: str) -> pd.DataFrame:
     """The median of `column` over repeats, per (decoder, prompt)."""
     return values.groupby(["decoder", "prompt_id"], sort=False)[column].median().reset_index()

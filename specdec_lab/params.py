@@ -189,7 +189,7 @@ RULES: dict[str, Callable[[str, object], str | None]] = {
     "prompt_lookup_k": _non_negative_int,
     # 02_speculative
     "schedules": _schedule_list,
-    "sweep_prompts": _positive_int,
+    "sweep_prompts": _non_negative_int,  # 0: no k sweep
     "picker_prompts": _non_negative_int,  # 0: no draft picker
     "control_prompts": _positive_int,
     "control_max_new_tokens": _positive_int,

@@ -10,6 +10,7 @@ import copy
 import pytest
 import torch
 
+from specdec_lab import hardware
 from specdec_lab.decoders import autoregressive, speculative
 from specdec_lab.decoders.candidates import DraftModelCandidates
 from specdec_lab.models import cpu_kernels, quantize
@@ -169,3 +170,19 @@ def test_a_tied_output_head_becomes_int8_and_the_embedding_table_stays():
     read = hardware.bytes_read_per_token(quantized)
     assert read == models_weight_bytes(quantized) - embedding.numel() * embedding.element_size()
     assert read >= head_bytes
+
+
+@pytest.mark.parametrize("values, fitted", [
+    ([1.0, 1.1, 1.3], [1.0, 1.1, 1.3]),  # already in order: unchanged
+    ([2.0, 1.0, 1.2, 1.5], [1.4, 1.4, 1.4, 1.5]),  # a noisy T(1) above T(2), T(3): pooled with them
+    ([1.0, 1.5, 1.1, 2.0], [1.0, 1.3, 1.3, 2.0]),  # a dip in the middle
+])
+def test_nondecreasing_pools_the_values_that_break_the_order(values, fitted):
+    assert hardware.nondecreasing(values) == pytest.approx(fitted)
+
+
+def test_cost_curve_ratios_come_from_the_nondecreasing_fit():
+    curve = hardware.forward_cost_curve(tiny_llama(), [4, 1, 2], prefix_tokens=8, repeats=1)
+    assert curve.n.tolist() == [1, 2, 4]
+    assert curve.ms_fit.is_monotonic_increasing
+    assert curve.relative_to_one.tolist() == pytest.approx((curve.ms_fit / curve.ms_fit.iloc[0]).tolist())

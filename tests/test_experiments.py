@@ -73,6 +73,46 @@ def test_picker_predictions_are_matched_to_the_rows_that_measured_the_same_sourc
     assert table.error_same_prompts["lookup"] == pytest.approx(1.8 / 5.0 - 1)
 
 
+# --- 02: the hybrid's targets ------------------------------------------------------------------------
+
+def test_hybrid_targets_compare_with_the_best_single_method_and_the_floor_where_nothing_helps():
+    """Catches the hybrid compared with itself or with a lossy method, the best taken from another
+    category, and the floor judged where something does help."""
+    from types import SimpleNamespace
+
+    from specdec_lab import metrics
+
+    walls = {  # decoder: (method params, lossless, wall time of 8 tokens per (category, prompt); AR takes 1.0 s)
+        "lookup": ({"source": "prompt lookup"}, True, {"code": [0.25, 0.3, 0.2], "qa": [1.0, 1.1, 0.9]}),
+        "draft": ({"source": "draft model"}, True, {"code": [0.8, 0.7, 0.9], "qa": [1.2, 0.9, 1.05]}),
+        "draft-then-score": ({"source": "draft model"}, False, {"code": [0.1] * 3, "qa": [0.1] * 3}),
+        "hybrid": ({"source": "hybrid"}, True, {"code": [0.24, 0.28, 0.2], "qa": [1.0, 1.02, 1.05]}),
+    }
+    rows = []
+    for category in ("code", "qa"):
+        for i in range(3):
+            prompt = f"{category}-{i}"
+            rows.append(row(lineups.TARGET_AR, prompt, tokens=range(8), wall_time_s=1.0, method_params={},
+                            lossless=True, category=category))
+            rows += [row(name, prompt, tokens=range(8), wall_time_s=wall[category][i], method_params=params,
+                         lossless=lossless, category=category) for name, (params, lossless, wall) in walls.items()]
+    rows = metrics.add_agreement(pd.DataFrame(rows), lineups.TARGET_AR).assign(
+        acceptance_rate=0.5, peak_memory_bytes=2**20, time_to_first_token_s=0.1, tokens_per_target_forward=1.0)
+    rows["tokens_per_second"] = 8 / rows.wall_time_s
+    rows["ms_per_token"] = 1000 * rows.wall_time_s / 8
+    tables = SimpleNamespace(rows=rows, by_category=speculative.by_category(rows))
+    targets = speculative.hybrid_targets(tables)
+    assert targets["best single method"].to_dict() == {"code": "lookup", "qa": "lookup"}
+    assert targets.loc["code", "hybrid / best"] == pytest.approx((0.25 * 0.3 * 0.2 / (0.24 * 0.28 * 0.2)) ** (1 / 3))
+    assert targets["nothing helps"].to_dict() == {"code": False, "qa": True}
+    assert targets.loc["code", "at least the floor"] is None
+    assert targets.loc["qa", "hybrid over AR"] == pytest.approx((1 / (1.0 * 1.02 * 1.05)) ** (1 / 3))
+    assert bool(targets.loc["qa", "at least the floor"])  # 0.98x >= 0.97x
+    text = speculative.hybrid_findings(targets)
+    assert "No single method is shown to help here" in text and "**met**" in text
+    assert speculative.hybrid_findings(targets.assign(**{"at least the floor": [None, False]})).count("**missed**") == 1
+
+
 # --- 04: loop counting, the Jacobi cost ratio, the findings, the training config --------------------
 
 def test_looping_answers_counts_each_prompt_once():

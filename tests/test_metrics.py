@@ -109,3 +109,12 @@ def test_geometric_mean_ignores_missing_values():
 def test_missing_baseline_is_named():
     with pytest.raises(ValueError, match="baseline decoder 'nope'"):
         metrics.speedups(rows(), "nope")
+
+
+def test_decode_tokens_per_second_leaves_the_prefill_out():
+    """Catches the prefill charged to the decode loop (tokens / wall time) and the first token
+    counted as decoded: 4 tokens, the first after 3 s, the other 3 in the next 1.5 s."""
+    rows = pd.DataFrame({"tokens": [[1, 2, 3, 4], [1]], "wall_time_s": [4.5, 1.0], "time_to_first_token_s": [3.0, 1.0]})
+    decode = metrics.decode_tokens_per_second(rows)
+    assert decode.iloc[0] == pytest.approx(2.0)
+    assert math.isnan(decode.iloc[1])  # one token: nothing was decoded after the prefill

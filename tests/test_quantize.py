@@ -35,14 +35,19 @@ LINEAR_TYPE = {"nf4": "bitsandbytes.nn.modules.Linear4bit", "fp4": "bitsandbytes
                "int4-wo": "specdec_lab.models.cpu_kernels.Int4WeightOnlyLinear"}
 
 
-@pytest.mark.parametrize("name", quantize.QUANTIZATIONS)
-def test_each_quantization_loads_and_runs(load, name):
+@pytest.mark.parametrize("name", [q for q in quantize.QUANTIZATIONS if q != "int4-gguf"])  # needs a GGUF file:
+def test_each_quantization_loads_and_runs(load, name):  # tests/test_gguf_int4.py writes one
     loaded = load("target", name)
     layer = loaded.model.model.layers[0].mlp.up_proj
     assert f"{type(layer).__module__}.{type(layer).__name__}" == LINEAR_TYPE[name]
     assert loaded.quantization == name  # one list of names: "none" is a name like the others
     logits = autoregressive.prefill(loaded.model, PROMPT, new_cache(loaded.model))
     assert logits.shape[-1] == VOCAB and torch.isfinite(logits).all()
+
+
+def test_int4_gguf_of_a_folder_names_the_spec_and_the_fix(load):
+    with pytest.raises(ValueError, match="neither a zoo name nor a .gguf path.*int4-wo"):
+        load("target", "int4-gguf")
 
 
 @pytest.mark.parametrize("name", ["nf4", "fp4", "int8", "torch-int8"])

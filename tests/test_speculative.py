@@ -406,6 +406,23 @@ def test_hybrid_chooses_by_match_length_and_acceptance():
     assert proposal[3:] == own
 
 
+@torch.inference_mode()
+def test_hybrid_keeps_a_kind_of_match_after_one_early_rejection():
+    """Catches the raw mean of a kind's accepted tokens: one rejected lookup (the answer's first
+    token matching the chat template) would rank that kind below a draft worth 1.2x for the rest of
+    the text, where code keeps matching its prompt."""
+    candidates = hybrid(prior_acceptance=0.85, cost_ratio=0.47, k=5)
+    assert 1.1 < candidates.draft_speedup(5) < 1.5
+    tokens = [20, 21, 22, 23, 24, 25, 30, 20, 21, 22]  # the end matches 3 tokens back at 0-2
+    candidates.propose(tokens, 10, GREEDY, None)
+    assert candidates.source == "prompt lookup"
+    candidates.update(tokens + [99], 0, candidates.looked_up)  # rejected whole
+    # one step of 0 and the optimistic step of 3 (the match's length): 1 + 3 / 2 tokens per step
+    assert candidates.lookup_gain() == pytest.approx(2.5)
+    candidates.propose(tokens, 10, GREEDY, None)
+    assert candidates.source == "prompt lookup"
+
+
 def test_hybrid_rolls_the_draft_back_after_lookup_and_draft_proposals():
     """Catches a draft cache left holding rejected looked-up or drafted tokens: every draft
     proposal must be the draft's own greedy continuation of the sequence it was handed."""

@@ -262,11 +262,14 @@ class HybridCandidates:
         return predicted_speedup(self.draft_acceptance(), k, self.cost_ratio)
 
     def lookup_gain(self) -> float:
-        """Expected tokens of the last lookup proposal's kind of match, per (nearly free) step."""
+        """Expected tokens of the last lookup proposal's kind of match, per (nearly free) step: 1 +
+        the tokens accepted per step, counting one optimistic step that accepted as many tokens as
+        the match is long. Without that step, one early rejection (the first token of an answer
+        often matches the prompt's chat template) would rank a kind that then keeps matching below
+        the draft for the rest of the text."""
         kind = self.lookup.kind
-        if self.lookup.steps[kind] == 0:
-            return 1.0 + kind + 1  # untried: as many tokens as the match is long
-        return 1.0 + self.lookup.accepted[kind] / self.lookup.steps[kind]
+        optimistic = kind + 1  # the match's length
+        return 1.0 + (self.lookup.accepted[kind] + optimistic) / (self.lookup.steps[kind] + 1)
 
     def propose(self, tokens, max_candidates, sampling, rng) -> Candidates:
         self.source, self.looked_up = "nothing", 0

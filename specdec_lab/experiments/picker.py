@@ -293,8 +293,9 @@ def calibrations_from_rows(ar_rows: pd.DataFrame, prompts: dict, tokenizer, draf
             for row in tqdm(list(ar_rows.itertuples()), desc="picker: same-prompt check")]
 
 
-def measure_costs(target, draft_cost_ratio: float, max_n: int, repeats: int = 3) -> Costs:
-    """T(n) / T(1) of the target for n up to `max_n` (the longest verification a source can ask)."""
+def measure_costs(target, draft_cost_ratio: float, max_n: int, repeats: int = 5) -> Costs:
+    """T(n) / T(1) of the target for n up to `max_n` (the longest verification a source can ask),
+    from the nondecreasing fit of the medians (`hardware.forward_cost_curve`)."""
     n_values = sorted({1, 2, 3, 4, 5, 6, 8, 11, 16, 21, 32, max_n} & set(range(1, max_n + 1)))
     curve = hardware.forward_cost_curve(target, n_values, prefix_tokens=100, repeats=repeats)
     return Costs(curve.set_index("n").relative_to_one, draft_cost_ratio)

@@ -216,10 +216,15 @@ def footprint_table(footprints: pd.DataFrame, ar_rows: pd.DataFrame, bandwidth: 
     """One line per (model role, quantization): memory three ways, speed (per-token speedup over
     the same model unquantized, side by side, with its interval), perplexity, greedy agreement
     with the unquantized model and, given the memory `bandwidth` (bytes/s), the roofline: the
-    tokens/s that reading the weights once per token allows, and the fraction of it reached."""
+    tokens/s that reading the weights once per token allows, and the fraction of it reached while
+    decoding (`metrics.decode_tokens_per_second`: the prefill is not part of that bound)."""
     keys = ["model_role", "quantization"]
     per_variant = ar_rows.groupby(keys).agg(peak_working_bytes=("peak_memory_bytes", "max"),
                                             wall_time_s=("wall_time_s", "median")).reset_index()
+    decoding = ar_rows.assign(decode=metrics.decode_tokens_per_second(ar_rows))
+    decoding = (decoding.groupby(keys + ["prompt_id"]).decode.median().groupby(keys).agg(metrics.geometric_mean)
+                .rename("decode_tokens_per_second").reset_index())
+    per_variant = per_variant.merge(decoding, on=keys)
     table = footprints.merge(per_variant, on=keys).merge(agreement_with_unquantized(ar_rows), on=keys, how="left")
     for column in ("weight_bytes", "peak_working_bytes", "kv_cache_bytes"):
         table[column.replace("_bytes", "_mb")] = table[column] / 2**20
@@ -238,7 +243,7 @@ def footprint_table(footprints: pd.DataFrame, ar_rows: pd.DataFrame, bandwidth: 
     table["weights_vs_unquantized"] = table.weight_bytes / table.model_role.map(unquantized.weight_bytes)
     if bandwidth and "bytes_read_per_token" in table:
         table["bound_tokens_per_second"] = bandwidth / table.bytes_read_per_token
-        table["fraction_of_bound"] = table.tokens_per_second / table.bound_tokens_per_second
+        table["fraction_of_bound"] = table.decode_tokens_per_second / table.bound_tokens_per_second
     return table
 
 
@@ -532,9 +537,10 @@ def limit_sentences(tables: Tables) -> list[str]:
     table = tables.footprints[tables.footprints.model_role == "target"]
     if "fraction_of_bound" in table:
         for row in table.itertuples():
-            lines.append(f"{row.variant}: {row.tokens_per_second:.1f} tokens/s, {row.fraction_of_bound:.0%} of the "
-                         f"bandwidth bound ({row.bound_tokens_per_second:.1f} tokens/s for "
-                         f"{row.bytes_read_per_token / 2**20:,.0f} MB read per token).")
+            lines.append(f"{row.variant}: {row.decode_tokens_per_second:.1f} tokens/s while decoding, "
+                         f"{row.fraction_of_bound:.0%} of the bandwidth bound ({row.bound_tokens_per_second:.1f} "
+                         f"tokens/s for {row.bytes_read_per_token / 2**20:,.0f} MB read per token); "
+                         f"{row.tokens_per_second:.1f} tokens/s with its prefill.")
     if not tables.kernels.empty:
         for row in tables.kernels[tables.kernels.rows == 1].itertuples():
             lines.append(f"{row.kernel}, one {row.weight_mb:.1f} MB MLP matrix alone, one row: {row.ms:.2f} ms, "
@@ -618,14 +624,16 @@ def markdown_tables(results_dir: str) -> str:
     except pd.errors.EmptyDataError:  # a run without llama.cpp
         versus = pd.DataFrame()
     curves = pd.read_csv(folder / "cost_curves.csv")
-    lines = ["| AR backend (target) | weights MB | tokens/s | speed vs unquantized (95% CI) | bandwidth bound tokens/s | "
-             "fraction of bound | agreement with unquantized greedy |", "|---|---|---|---|---|---|---|"]
+    lines = ["| AR backend (target) | weights MB | tokens/s | speed vs unquantized (95% CI) | decode tokens/s | "
+             "bandwidth bound tokens/s | decode fraction of bound | agreement with unquantized greedy |",
+             "|---|---|---|---|---|---|---|---|"]
     for row in footprints[footprints.model_role == "target"].itertuples():
         bound = getattr(row, "bound_tokens_per_second", float("nan"))
         fraction = getattr(row, "fraction_of_bound", float("nan"))
         lines.append(f"| {row.variant} | {row.weight_mb:,.0f} | {row.tokens_per_second:.2f} | "
                      f"{row.speed_vs_unquantized:.2f} ({row.speed_vs_unquantized_low:.2f}-{row.speed_vs_unquantized_high:.2f}, "
-                     f"{int(row.prompts)} prompts) | {bound:.1f} | {fraction:.0%} | {row.agreement:.2f} |")
+                     f"{int(row.prompts)} prompts) | {row.decode_tokens_per_second:.2f} | {bound:.1f} | {fraction:.0%} "
+                     f"| {row.agreement:.2f} |")
     lines += ["", "| variant | " + " | ".join(f"T({n}) ms" for n in sorted(curves.n.unique())) + " |",
               "|---|" + "---|" * curves.n.nunique()]
     for variant, curve in curves.groupby("variant", sort=False):

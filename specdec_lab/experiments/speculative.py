@@ -96,7 +96,7 @@ def measure(params: dict) -> Tables:
     universal = models.load(params["universal_draft"], dtype, device) if params["universal_draft"] else None
     prompts = prompts_of(params, params["num_prompts"])
     print(f"{len(prompts)} prompts:", ", ".join(f"{p.id} ({p.category})" for p in prompts))
-    c = draft_cost_ratio(target, draft) if params["hybrid"] or params["k_values"] or params["picker_prompts"] else None
+    c = draft_cost_ratio(target, draft) if params["hybrid"] or params["sweep_prompts"] or params["picker_prompts"] else None
     picked = pick(params, target, draft, c) if params["picker_prompts"] else None
 
     methods = lineups.speculative_methods(target, draft, params["k"], params["max_new_tokens"],
@@ -105,12 +105,12 @@ def measure(params: dict) -> Tables:
                                           lossy=params["draft_then_score"], schedules=params["schedules"],
                                           hybrid_cost_ratio=c if params["hybrid"] else None,
                                           hybrid_settings=picked.hybrid_settings if picked else None)
-    # The k sweep runs on the first `sweep_prompts` of each set, in the same units as the line-up:
-    # its speedups share the line-up's AR rows instead of timing an AR of their own.
+    # The k sweep runs on the first `sweep_prompts` of each set (none: no sweep), in the same units as
+    # the line-up: its speedups share the line-up's AR rows instead of timing an AR of their own.
     names = {m.name for m in methods}
-    sweep_methods = [m for m in lineups.k_sweep(target, draft, params["k_values"], params["max_new_tokens"])
+    sweep_methods = [m for m in lineups.k_sweep(target, draft, swept_k(params), params["max_new_tokens"])
                      if m.name not in names]
-    sweep_ids = {p.id for p in prompts_of(params, params["sweep_prompts"])}
+    sweep_ids = {p.id for p in prompts_of(params, params["sweep_prompts"])} if sweep_methods else set()
     all_rows = bench.run([*methods, *sweep_methods], prompts, target.tokenizer,
                          out=common.results_file(params, NOTEBOOK, "methods.jsonl"), repeats=params["repeats"],
                          warmup=params["warmup"], desc="methods", only_on={m.name: sweep_ids for m in sweep_methods},
@@ -146,6 +146,12 @@ def measure(params: dict) -> Tables:
     return tables
 
 
+def swept_k(params: dict) -> list[int]:
+    """The constant k values this run measures: `k_values` when the k sweep runs, else none (the
+    picker then predicts only sources the line-up measures)."""
+    return params["k_values"] if params["sweep_prompts"] else []
+
+
 def calibration_prompts(params: dict) -> list[data.Prompt]:
     """The `picker_prompts` prompts that follow the line-up's in each set: the picker calibrates on
     prompts the line-up never runs."""
@@ -175,7 +181,7 @@ def pick(params: dict, target: models.LoadedModel, draft: models.LoadedModel, c:
     agreement = picker.draft_agreement(calibrations)
     costs = picker.measure_costs(target.model, c, max_n=params["max_new_tokens"])
     settings, grid = picker.choose_hybrid(calibrations, costs, params["k"], params["prompt_lookup_k"], c, agreement)
-    listed = picker.sources(params["k_values"], params["k"], params["prompt_lookup_k"], c, settings)
+    listed = picker.sources(swept_k(params), params["k"], params["prompt_lookup_k"], c, settings)
     table = picker.per_category(picker.predict(calibrations, listed, costs))
     print(f"draft picker: {len(prompts)} calibration prompts, draft agreement (teacher-forced) {agreement:.3f}, "
           f"hybrid settings {settings}")
@@ -194,7 +200,7 @@ def same_prompt_check(params: dict, picked: Picked, target: models.LoadedModel, 
     prompts = {p.id: p for p in prompts_of(params, params["num_prompts"])}
     calibrations = picker.calibrations_from_rows(ar_rows, prompts, target.tokenizer, draft.model,
                                                  target.model.config.vocab_size, params["max_new_tokens"])
-    listed = picker.sources(params["k_values"], params["k"], params["prompt_lookup_k"],
+    listed = picker.sources(swept_k(params), params["k"], params["prompt_lookup_k"],
                             picked.costs.draft_cost_ratio, picked.hybrid_settings)
     return picker.per_category(picker.predict(calibrations, listed, picked.costs))
 
@@ -263,6 +269,50 @@ def per_category(tables: Tables) -> pd.DataFrame:
                                           ", not in the line-up"))
         records.append(record)
     return pd.DataFrame(records).set_index("category")
+
+
+def hybrid_targets(tables: Tables, floor: float = 0.97) -> pd.DataFrame:
+    """Per category, the hybrid's two targets, measured:
+    - against the fastest single lossless method (ours or transformers'): hybrid ÷ that method, per
+      prompt side by side (geometric mean, 95% interval); met when the interval reaches 1;
+    - where nothing helps (no single method's interval lies above 1): the hybrid's speedup over AR,
+      met when it is at least `floor`.
+    Empty when no hybrid ran."""
+    is_hybrid = tables.rows.method_params.map(lambda p: p.get("source") == "hybrid")
+    if not is_hybrid.any():
+        return pd.DataFrame()
+    hybrid = tables.rows[is_hybrid].decoder.iloc[0]
+    singles = set(tables.rows[~is_hybrid & tables.rows.lossless & (tables.rows.decoder != lineups.TARGET_AR)].decoder)
+    records = []
+    for category, group in tables.by_category.groupby("category", sort=False):
+        single = group[group.method.isin(singles)]
+        best = single.loc[single.speedup.idxmax()]
+        mine = group[group.method == hybrid].iloc[0]
+        rows = tables.rows[tables.rows.category == category]
+        ratio, low, high, prompts = metrics.mean_speedup(rows, hybrid, best.method)
+        nothing_helps = bool((single.speedup_low <= 1).all())
+        records.append({"category": category, "best single method": best.method,
+                        "hybrid / best": ratio, "low": low, "high": high, "prompts": prompts,
+                        "at least the best": bool(high >= 1), "nothing helps": nothing_helps,
+                        "hybrid over AR": mine.speedup, "hybrid low": mine.speedup_low, "hybrid high": mine.speedup_high,
+                        "floor": floor, "at least the floor": bool(mine.speedup >= floor) if nothing_helps else None})
+    return pd.DataFrame(records).set_index("category")
+
+
+def hybrid_findings(targets: pd.DataFrame) -> str:
+    """The hybrid's targets in words, one line per category."""
+    lines = []
+    for category, row in targets.iterrows():
+        line = (f"- **{category}**: hybrid ÷ {row['best single method']} = {row['hybrid / best']:.2f}x "
+                f"(95% CI {row.low:.2f}-{row.high:.2f}, {row.prompts} prompts, side by side): "
+                + ("**at least the best single method** within the interval" if row["at least the best"]
+                   else "**below the best single method**"))
+        if row["nothing helps"]:
+            line += (f". No single method is shown to help here (every interval reaches 1); the hybrid runs at "
+                     f"{row['hybrid over AR']:.2f}x AR ({row['hybrid low']:.2f}-{row['hybrid high']:.2f}): "
+                     + ("**met**" if row["at least the floor"] else "**missed**") + f" (target ≥ {row.floor}x)")
+        lines.append(line + ".")
+    return "\n".join(lines)
 
 
 def picker_findings(tables: Tables, tolerance: float = 0.15) -> str:

