@@ -280,3 +280,19 @@ def test_the_summary_leaves_out_results_made_with_other_parameters(tmp_path):
 def test_write_summary_needs_the_declared_properties(tmp_path):
     with pytest.raises(ValueError, match="lossless"):
         outputs.write_summary(tmp_path, "01_baseline", pd.DataFrame({"method": ["AR"], "speedup": [1.0]}))
+
+
+# --- the per-step overhead check (static cache, torch.compile) --------------------------------------
+
+def test_static_cache_loop_makes_the_dynamic_loops_tokens():
+    """Catches a static-cache loop that drifts from the DynamicCache loop (a prefill that misses a
+    prompt token, a cache shared between runs): every variant must generate the same text."""
+    from tiny import tiny_llama
+
+    from specdec_lab.experiments import overhead
+
+    # peaked weights: a random model at the default init is nearly uniform and repeats one token
+    table = overhead.overhead_table(tiny_llama(weight_std=0.3), [3, 14, 15, 9, 2, 6], steps=16, compile_step=False)
+    assert list(table.variant) == ["dynamic cache, eager (the kit's decoders)", "static cache, eager"]
+    assert table.same_tokens.all() and (table.ms_per_step > 0).all()
+    assert table.vs_dynamic.iloc[0] == 1.0
