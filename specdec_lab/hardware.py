@@ -54,7 +54,8 @@ def forward_cost_curve(model, n_values=range(1, 33), prefix_tokens: int = 200, r
     for each n, the cache rolled back after each pass. n values are interleaved over repeats so a
     drift of the machine hits them alike; one untimed pass per n warms up first. `ms_fit` is the
     nondecreasing fit of the medians and `relative_to_one` = ms_fit / ms_fit at n = 1: every ratio
-    divides by T(1), so one noisy median there must not skew them all."""
+    divides by T(1), so a T(1) above its neighbours is pooled with them rather than divided by (the
+    fit also lifts a real dip, e.g. a kernel that is faster at n = 8 than at n = 5-7)."""
     device = next(model.parameters()).device
     token_id = min(token_id, model.config.vocab_size - 1)  # any token costs the same; a tiny vocabulary has few
     cache = new_cache(model)

@@ -76,8 +76,8 @@ def test_picker_predictions_are_matched_to_the_rows_that_measured_the_same_sourc
 # --- 02: the hybrid's targets ------------------------------------------------------------------------
 
 def test_hybrid_targets_compare_with_the_best_single_method_and_the_floor_where_nothing_helps():
-    """Catches the hybrid compared with itself or with a lossy method, the best taken from another
-    category, and the floor judged where something does help."""
+    """Catches the hybrid compared with itself or with a lossy method, and the floor judged where
+    something does help."""
     from types import SimpleNamespace
 
     from specdec_lab import metrics

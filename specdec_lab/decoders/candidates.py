@@ -221,7 +221,7 @@ class HybridCandidates:
       without drafting, the draft is tried once, so a drift of the text is noticed.
 
     A lookup proposal from a kind of match that has been accepted on average `a` tokens per step
-    (optimistically its whole length before any try) is expected to give 1 + a tokens for about one
+    (counting one optimistic step that accepted the match's length, 1-4 tokens) is expected to give 1 + a tokens for about one
     target step (verifying n tokens costs little more than one on this hardware); the draft is
     expected to give its speedup. The larger wins. Lossless like every candidate source: the target
     verifies whatever is proposed.

@@ -274,7 +274,8 @@ def per_category(tables: Tables) -> pd.DataFrame:
 def hybrid_targets(tables: Tables, floor: float = 0.97) -> pd.DataFrame:
     """Per category, the hybrid's two targets, measured:
     - against the fastest single lossless method (ours or transformers'): hybrid ÷ that method, per
-      prompt side by side (geometric mean, 95% interval); met when the interval reaches 1;
+      prompt side by side (geometric mean, 95% interval); met ("at least the best within the
+      interval") when the interval reaches 1, i.e. the hybrid is not shown slower;
     - where nothing helps (no single method's interval lies above 1): the hybrid's speedup over AR,
       met when it is at least `floor`.
     Empty when no hybrid ran."""
@@ -293,7 +294,7 @@ def hybrid_targets(tables: Tables, floor: float = 0.97) -> pd.DataFrame:
         nothing_helps = bool((single.speedup_low <= 1).all())
         records.append({"category": category, "best single method": best.method,
                         "hybrid / best": ratio, "low": low, "high": high, "prompts": prompts,
-                        "at least the best": bool(high >= 1), "nothing helps": nothing_helps,
+                        "not shown slower": bool(high >= 1), "nothing helps": nothing_helps,
                         "hybrid over AR": mine.speedup, "hybrid low": mine.speedup_low, "hybrid high": mine.speedup_high,
                         "floor": floor, "at least the floor": bool(mine.speedup >= floor) if nothing_helps else None})
     return pd.DataFrame(records).set_index("category")
@@ -305,7 +306,7 @@ def hybrid_findings(targets: pd.DataFrame) -> str:
     for category, row in targets.iterrows():
         line = (f"- **{category}**: hybrid ÷ {row['best single method']} = {row['hybrid / best']:.2f}x "
                 f"(95% CI {row.low:.2f}-{row.high:.2f}, {row.prompts} prompts, side by side): "
-                + ("**at least the best single method** within the interval" if row["at least the best"]
+                + ("**not shown slower than the best single method** (the interval reaches 1)" if row["not shown slower"]
                    else "**below the best single method**"))
         if row["nothing helps"]:
             line += (f". No single method is shown to help here (every interval reaches 1); the hybrid runs at "
