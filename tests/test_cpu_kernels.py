@@ -176,13 +176,27 @@ def test_a_tied_output_head_becomes_int8_and_the_embedding_table_stays():
     ([1.0, 1.1, 1.3], [1.0, 1.1, 1.3]),  # already in order: unchanged
     ([2.0, 1.0, 1.2, 1.5], [1.4, 1.4, 1.4, 1.5]),  # a noisy T(1) above T(2), T(3): pooled with them
     ([1.0, 1.5, 1.1, 2.0], [1.0, 1.3, 1.3, 2.0]),  # a dip in the middle
+    ([1.5, 2.0, 0.1], [1.2, 1.2, 1.2]),  # the pooled pair falls below the value before it: pool again
 ])
 def test_nondecreasing_pools_the_values_that_break_the_order(values, fitted):
     assert hardware.nondecreasing(values) == pytest.approx(fitted)
 
 
-def test_cost_curve_ratios_come_from_the_nondecreasing_fit():
+def test_cost_curve_ratios_come_from_the_nondecreasing_fit(monkeypatch):
+    """A scripted clock: T(1) = 3 s above T(2) = 1 s and T(4) = 2 s (the warm-up round takes 1 s each).
+    Ratios to the raw T(1) would be 1/3 and 2/3; the fit pools all three at 2 s."""
+    elapsed = iter([1, 1, 1, 2, 3, 1])  # per forward in the order run: n = 4, 1, 2 in each round
+    now = [0.0]
+
+    def clock(device, started=[False]):
+        started[0] = not started[0]
+        if not started[0]:  # an end: the forward took the next scripted time
+            now[0] += next(elapsed)
+        return now[0]
+
+    monkeypatch.setattr(hardware, "clock", clock)
     curve = hardware.forward_cost_curve(tiny_llama(), [4, 1, 2], prefix_tokens=8, repeats=1)
     assert curve.n.tolist() == [1, 2, 4]
-    assert curve.ms_fit.is_monotonic_increasing
-    assert curve.relative_to_one.tolist() == pytest.approx((curve.ms_fit / curve.ms_fit.iloc[0]).tolist())
+    assert curve.ms.tolist() == pytest.approx([3000, 1000, 2000])
+    assert curve.ms_fit.tolist() == pytest.approx([2000, 2000, 2000])
+    assert curve.relative_to_one.tolist() == pytest.approx([1.0, 1.0, 1.0])

@@ -62,15 +62,15 @@ def roofline_table(rows: pd.DataFrame, loaded: dict, bandwidth: float) -> pd.Dat
     """Per AR method: decode tokens/s (after the first token; geometric mean over prompts) against
     the memory-bandwidth bound of the model it runs (bandwidth / weight bytes read per token), and
     the fraction of it reached; tokens/s with the prefill included beside it."""
+    overall = metrics.aggregate(rows, "tokens_per_second").tokens_per_second
+    decoding = metrics.aggregate(rows.assign(decode=metrics.decode_tokens_per_second(rows)), "decode").decode
     records = []
     for method, group in rows.groupby("decoder", sort=False):
         model = loaded["target" if group.role.iloc[0] == "target AR" else "draft"]
-        overall = metrics.geometric_mean(group.groupby("prompt_id").tokens_per_second.median())
-        decoding = metrics.geometric_mean(group.assign(decode=metrics.decode_tokens_per_second(group))
-                                          .groupby("prompt_id").decode.median())
         bound = hardware.roofline_tokens_per_second(model.model, bandwidth)
-        records.append({"method": method, "tokens_per_second": overall, "decode_tokens_per_second": decoding,
-                        "bound_tokens_per_second": bound, "fraction_of_bound": decoding / bound,
+        records.append({"method": method, "tokens_per_second": overall[method],
+                        "decode_tokens_per_second": decoding[method], "bound_tokens_per_second": bound,
+                        "fraction_of_bound": decoding[method] / bound,
                         "bytes_read_per_token_mb": hardware.bytes_read_per_token(model.model) / 2**20})
     return pd.DataFrame(records)
 

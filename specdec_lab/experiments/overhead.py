@@ -23,21 +23,30 @@ import torch
 from transformers import StaticCache
 
 from specdec_lab import data, models
-from specdec_lab.decoders.common import forward, new_cache
+from specdec_lab.decoders import autoregressive
+from specdec_lab.decoders.common import new_cache
 
 
 @torch.inference_mode()
-def dynamic_cache_run(model, prompt_ids: Sequence[int], steps: int) -> tuple[list[int], list[float]]:
-    """Greedy AR on a DynamicCache (the kit's decoders): the tokens and each step's seconds."""
-    cache = new_cache(model)
-    token = int(forward(model, list(prompt_ids), cache, logits_to_keep=1)[-1].argmax())
+def timed_greedy(prefill: Callable[[], torch.Tensor], step: Callable[[int], torch.Tensor],
+                 steps: int) -> tuple[list[int], list[float]]:
+    """Greedy AR from `prefill()`'s logits, one `step(token)` per new token: the tokens and each
+    step's seconds (the prefill is not timed)."""
+    token = int(prefill().argmax())
     tokens, seconds = [token], []
     for _ in range(steps):
         start = time.perf_counter()
-        token = int(forward(model, [token], cache, logits_to_keep=1)[-1].argmax())
+        token = int(step(token).argmax())
         seconds.append(time.perf_counter() - start)
         tokens.append(token)
     return tokens, seconds
+
+
+def dynamic_cache_run(model, prompt_ids: Sequence[int], steps: int) -> tuple[list[int], list[float]]:
+    """Greedy AR on a DynamicCache, through the AR decoder's own prefill and decode step."""
+    cache = new_cache(model)
+    return timed_greedy(lambda: autoregressive.prefill(model, list(prompt_ids), cache),
+                        lambda token: autoregressive.decode_one_token(model, token, cache), steps)
 
 
 def static_step(model) -> Callable:
@@ -48,20 +57,13 @@ def static_step(model) -> Callable:
     return step
 
 
-@torch.inference_mode()
 def static_cache_run(model, prompt_ids: Sequence[int], steps: int, step: Callable) -> tuple[list[int], list[float]]:
     """Greedy AR on a StaticCache of the generation's full length, each step through `step`."""
     prompt_ids = list(prompt_ids)
     cache = StaticCache(config=model.config, max_cache_len=len(prompt_ids) + steps + 1)
-    logits = model(input_ids=torch.tensor([prompt_ids]), cache=cache, use_cache=True, logits_to_keep=1).logits[0, -1]
-    token = int(logits.argmax())
-    tokens, seconds = [token], []
-    for _ in range(steps):
-        start = time.perf_counter()
-        token = int(step(torch.tensor([[token]]), cache).argmax())
-        seconds.append(time.perf_counter() - start)
-        tokens.append(token)
-    return tokens, seconds
+    return timed_greedy(lambda: model(input_ids=torch.tensor([prompt_ids]), cache=cache, use_cache=True,
+                                      logits_to_keep=1).logits[0, -1],
+                        lambda token: step(torch.tensor([[token]]), cache), steps)
 
 
 def median_ms(seconds: Sequence[float]) -> float:

@@ -220,11 +220,10 @@ def footprint_table(footprints: pd.DataFrame, ar_rows: pd.DataFrame, bandwidth: 
     decoding (`metrics.decode_tokens_per_second`: the prefill is not part of that bound)."""
     keys = ["model_role", "quantization"]
     per_variant = ar_rows.groupby(keys).agg(peak_working_bytes=("peak_memory_bytes", "max"),
-                                            wall_time_s=("wall_time_s", "median")).reset_index()
-    decoding = ar_rows.assign(decode=metrics.decode_tokens_per_second(ar_rows))
-    decoding = (decoding.groupby(keys + ["prompt_id"]).decode.median().groupby(keys).agg(metrics.geometric_mean)
-                .rename("decode_tokens_per_second").reset_index())
-    per_variant = per_variant.merge(decoding, on=keys)
+                                            wall_time_s=("wall_time_s", "median"),
+                                            decoder=("decoder", "first")).reset_index()
+    decoding = metrics.aggregate(ar_rows.assign(decode=metrics.decode_tokens_per_second(ar_rows)), "decode").decode
+    per_variant["decode_tokens_per_second"] = per_variant.pop("decoder").map(decoding)
     table = footprints.merge(per_variant, on=keys).merge(agreement_with_unquantized(ar_rows), on=keys, how="left")
     for column in ("weight_bytes", "peak_working_bytes", "kv_cache_bytes"):
         table[column.replace("_bytes", "_mb")] = table[column] / 2**20

@@ -179,13 +179,6 @@ def read_int4_grids(reader, hf_weight_names) -> dict[str, Int4Grid | None]:
             for hf_name, gguf_name in hf_to_gguf_names(reader, hf_weight_names).items()}
 
 
-def gguf_type_names(reader, hf_weight_names) -> dict[str, str]:
-    """Per HF weight name: the type its tensor has in the file ('Q4_K', 'Q6_K', ...; 'absent')."""
-    tensors = {tensor.name: tensor for tensor in reader.tensors}
-    return {hf_name: tensors[gguf_name].tensor_type.name if gguf_name in tensors else "absent"
-            for hf_name, gguf_name in hf_to_gguf_names(reader, hf_weight_names).items()}
-
-
 # --- swap a loaded model's Linear layers ------------------------------------------------------------
 
 @dataclass
@@ -235,7 +228,8 @@ def quantize_from_gguf(model: nn.Module, gguf_path: str | Path, lm_head_bits: in
     reader = gguf.GGUFReader(str(gguf_path))
     tensors = {tensor.name: tensor for tensor in reader.tensors}
     gguf_names = hf_to_gguf_names(reader, body)
-    types = gguf_type_names(reader, body)
+    types = {name: tensors[gguf_name].tensor_type.name if gguf_name in tensors else "absent"
+             for name, gguf_name in gguf_names.items()}  # of the layers re-quantized, for the report
 
     report = Int4GgufReport()
     for name, linear in linears.items():
