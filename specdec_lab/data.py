@@ -139,6 +139,14 @@ def spider_prompts() -> list[Prompt]:
     ]
 
 
+def reference_answers(prompt_set: str) -> dict[str, str]:
+    """A prompt set's reference answers by prompt id (Spider's gold SQL); a clear error for sets without."""
+    if prompt_set != "spider":
+        raise ValueError(f"prompt set {prompt_set!r} has no reference answers to fine-tune on: use 'spider', "
+                         f"or sft_steps: 0")
+    return spider_gold()
+
+
 def spider_gold() -> dict[str, str]:
     """The gold SQL query of every Spider dev prompt, by prompt id."""
     examples = json.loads(data_file(SPIDER).read_text(encoding="utf-8"))

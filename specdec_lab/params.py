@@ -204,6 +204,9 @@ RULES: dict[str, Callable[[str, object], str | None]] = {
     "train_prompts": _positive_int,
     "eval_prompts": _positive_int,
     "train_steps": _positive_int,
+    "train_dtype": _one_of(sorted(models.DTYPES)),
+    "sft_steps": _non_negative_int,  # 0: no fine-tuning on reference answers first
+    "sft_learning_rate": _positive_number,
     "learning_rate": _positive_number,
     "grad_accumulation": _positive_int,
     "states_per_step": _positive_int,

@@ -182,6 +182,61 @@ def test_hard_consistency_target_is_cross_entropy_on_the_fixed_point_tokens(load
     assert torch.isclose(last_wrong, torch.nn.functional.cross_entropy(row, torch.tensor([15])), atol=1e-5)
 
 
+def answers(count: int) -> dict[str, str]:
+    return {f"p{i}": " ".join(WORDS[(5 * i + j) % 60] for j in range(3 + i % 2)) for i in range(count)}
+
+
+def test_reference_answers_train_the_ar_loss_alone(loaded):
+    records = trajectories.answer_records(loaded.tokenizer, prompts(2), answers(2), end_id=1, chat=False)
+    found = trajectories.samples(records)
+    assert [s.state for s in found] == [[], []] and found[0].output_ids[-1] == 1  # the answer ends with <eos>
+    weights = losses.LossWeights(ar_weight=1.0, consistency_weight=0.0, label_smoothing=0.0)
+    got = losses.prompt_losses(loaded.model, found[:1], weights)
+    assert float(got["consistency_loss"].detach()) == 0.0
+    # the AR rows are those of a plain forward that predict the answer (a row off by one is not)
+    sample = found[0]
+    with torch.no_grad():
+        logits = loaded.model(torch.tensor([sample.prompt_ids + sample.output_ids])).logits[0]
+    rows = logits[len(sample.prompt_ids) - 1: -1]
+    expected = torch.nn.functional.cross_entropy(rows, torch.tensor(sample.output_ids))
+    assert torch.isclose(got["ar_loss"], expected, atol=1e-5)
+
+
+def test_a_trajectory_without_blocks_is_not_taken_for_a_reference_answer(loaded):
+    # Jacobi returns no block when the first token ends the answer: nothing to train on there
+    record = {"prompt_id": "p0", "prompt_ids": [3, 4], "output_ids": [1], "blocks": [], "degenerate": False}
+    assert trajectories.samples([record]) == []
+
+
+def test_other_reference_answers_make_another_fine_tuning_run(loaded):
+    first = trajectories.answer_records(loaded.tokenizer, prompts(2), answers(2), end_id=1, chat=False)
+    changed = trajectories.answer_records(loaded.tokenizer, prompts(2), {**answers(2), "p1": "w9"}, end_id=1, chat=False)
+    assert first[0]["run_id"] != changed[0]["run_id"]
+    config = train.TrainConfig()
+    assert train.run_folder("runs", "m", first, config, "float32") != train.run_folder("runs", "m", changed, config,
+                                                                                        "float32")
+
+
+def test_a_prompt_without_a_reference_answer_fails_early(loaded):
+    with pytest.raises(ValueError, match="no reference answer for 1 prompts, e.g. 'p2'"):
+        trajectories.answer_records(loaded.tokenizer, prompts(3), answers(2), end_id=1, chat=False)
+    with pytest.raises(ValueError, match="'sharegpt' has no reference answers.*sft_steps: 0"):
+        data.reference_answers("sharegpt")
+
+
+def test_fine_tuning_on_reference_answers_lowers_their_loss(loaded, model_folder, tmp_path):
+    records = trajectories.answer_records(loaded.tokenizer, prompts(4), answers(4), end_id=1, chat=False)
+    params = {"train_steps": 50, "learning_rate": 1e-4, "sft_steps": 12, "sft_learning_rate": 3e-3,
+              "grad_accumulation": 1, "states_per_step": 8, "checkpoint_every": 6}
+    config = evaluate.answer_config(params)
+    assert (config.steps, config.learning_rate, config.states_per_step) == (12, 3e-3, 1)
+    assert (config.ar_weight, config.consistency_weight, config.label_smoothing) == (1.0, 0.0, 0.0)
+    found = trajectories.samples(records)
+    before = mean_loss(loaded.model, found, config.weights())
+    final = train.train(str(model_folder), records, tmp_path / "sft", config, progress=False)
+    assert mean_loss(models.load(str(final), dtype="float32").model, found, config.weights()) < before / 2
+
+
 def test_consistency_mask_covers_the_converged_prefix():
     assert losses.consistency_mask([1, 2, 9, 4], [1, 2, 3, 4]).tolist() == [False, False, True, True]
     assert not losses.consistency_mask([1, 2, 3], [1, 2, 3]).any()

@@ -215,9 +215,25 @@ def test_cllm_findings_say_what_the_tables_hold():
         assert expected in text, expected
     cost = cllm.cost_findings(synthetic_cllm_tables(), {"model": "steep", "dtype": "fp32", "block_size": 16})
     assert "costs **2.00x** an AR step of steep (fp32)" in cost and "favour **flat (bf16)** with blocks of **16**" in cost
+    assert "This profile trains steep all the same" in cost
+    favoured = cllm.cost_findings(synthetic_cllm_tables(), {"model": "flat", "dtype": "bf16", "block_size": 16})
+    assert favoured.endswith("This profile trains that model.")
     headline = cllm.headline(synthetic_cllm_tables())
     assert headline["Jacobi tokens/forward, CLLM on training prompts"] == 1.6
     assert headline["Jacobi (CLLM) speedup over AR (per token)"] == "0.70x (95% CI 0.60-0.80, 2 prompts)"
+
+
+def test_sql_accuracy_names_the_pretrained_model_when_the_base_was_fine_tuned_first():
+    tables = synthetic_cllm_tables()
+    tables.sql_accuracy = pd.DataFrame({"exact_match": [0.5, 0.2, 0.4], "prompts": [20, 20, 20]},
+                                       index=[lineups.BASE_AR, lineups.PRETRAINED_AR, lineups.CLLM_JACOBI])
+    assert cllm.headline(tables)["SQL exact match, pretrained / base / CLLM"] == "0.20 / 0.50 / 0.40 (20 prompts)"
+    text = cllm.findings(tables, {"block_size": 16, "dtype": "bfloat16", "device": "cpu", "max_new_tokens": 64,
+                                  "model": "m", "sft_steps": 100})
+    assert "50% of the held-out prompts for the base model and 40% for the CLLM" in text
+    assert "m after 100 steps of fine-tuning on the gold SQL of the training databases; before them it matched 20%" in text
+    tables.sql_accuracy = tables.sql_accuracy.drop(lineups.PRETRAINED_AR)
+    assert cllm.headline(tables)["SQL exact match, base / CLLM"] == "0.50 / 0.40 (20 prompts)"
 
 
 def test_reference_findings_say_whether_the_best_parallel_method_pays():

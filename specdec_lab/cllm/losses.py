@@ -81,12 +81,14 @@ def ar_loss(logits: torch.Tensor, labels: Sequence[int], label_smoothing: float 
     return F.cross_entropy(logits.float(), target, label_smoothing=label_smoothing)
 
 
-def _logits(model, token_ids: Sequence[int] | Sequence[Sequence[int]], cache: DynamicCache) -> torch.Tensor:
-    """Logits (n, vocab) for one token list, (batch, n, vocab) for a list of equal-length lists."""
+def _logits(model, token_ids: Sequence[int] | Sequence[Sequence[int]], cache: DynamicCache,
+            logits_to_keep: int = 0) -> torch.Tensor:
+    """Logits (n, vocab) for one token list, (batch, n, vocab) for a list of equal-length lists;
+    with `logits_to_keep` k > 0, only the last k rows."""
     batched = bool(token_ids) and isinstance(token_ids[0], (list, tuple))
     rows = [list(t) for t in token_ids] if batched else [list(token_ids)]
     input_ids = torch.tensor(rows, dtype=torch.long, device=unwrapped(model).device)
-    logits = model(input_ids=input_ids, cache=cache, use_cache=True).logits
+    logits = model(input_ids=input_ids, cache=cache, use_cache=True, logits_to_keep=logits_to_keep).logits
     return logits if batched else logits[0]
 
 
@@ -104,7 +106,8 @@ def prompt_logits(model, states: Sequence[Sample], consistency: str = "global") 
     block's start: the prefix is computed once per prompt, the weights are read once per block, and
     gradients still flow through the prefix. Blocks go latest first, since a cache can only be cut
     shorter. Each state's "state" and "target" rows predict its block's tokens 0..n-1; the "output"
-    rows predict the greedy output's tokens.
+    rows predict the greedy output's tokens. An answer-only sample (no state: `answer_records`)
+    adds no state rows.
     """
     first = states[0]
     if any(s.prompt_ids != first.prompt_ids or s.output_ids != first.output_ids for s in states):
@@ -112,10 +115,14 @@ def prompt_logits(model, states: Sequence[Sample], consistency: str = "global") 
     sequence = first.prompt_ids + first.output_ids
     prompt_length = len(first.prompt_ids)
     cache = DynamicCache(config=unwrapped(model).config)
-    logits = _logits(model, sequence, cache)
+    # Only the rows from the prompt's last token on predict something trained on; the LM head of the
+    # prompt's rows would be wasted work (a quarter of a 0.5B Qwen's forward: its vocabulary is 152k).
+    # Row j of `logits` is sequence position prompt_length - 1 + j.
+    logits = _logits(model, sequence, cache, logits_to_keep=len(first.output_ids) + 1)
     per_state = []
-    for start in sorted({s.start for s in states}, reverse=True):
-        block = [s for s in states if s.start == start]
+    block_states = [s for s in states if s.fixed_point]
+    for start in sorted({s.start for s in block_states}, reverse=True):
+        block = [s for s in block_states if s.start == start]
         context = prompt_length + start  # tokens before the block
         n = len(block[0].fixed_point)
         # row context-1+i predicts block token i: feed the token before the block, then the state minus its last
@@ -124,19 +131,19 @@ def prompt_logits(model, states: Sequence[Sample], consistency: str = "global") 
         cache.batch_repeat_interleave(len(block))
         state_logits = _logits(model, [feed(s.state) for s in block], cache)
         if consistency == "global":
-            targets = logits[context - 1: context - 1 + n].expand(len(block), -1, -1)
+            targets = logits[start: start + n].expand(len(block), -1, -1)  # sequence positions context-1 on
         else:
             truncate_cache(cache, context - 1)  # after the states' pass, whose graph keeps the prefix
             with torch.no_grad():
                 targets = _logits(model, [feed(s.next_state) for s in block], cache)
         cache.batch_select_indices(torch.tensor([0], device=unwrapped(model).device))  # back to the one shared prefix
         per_state += [(s, state_logits[i], targets[i].detach()) for i, s in enumerate(block)]
-    return {"output": logits[prompt_length - 1: len(sequence) - 1], "states": per_state}
+    return {"output": logits[:-1], "states": per_state}
 
 
 def prompt_losses(model, states: Sequence[Sample], weights: LossWeights) -> dict[str, torch.Tensor]:
-    """AR loss of one prompt's greedy output, consistency loss averaged over the given states of its
-    trajectories, and the weighted total."""
+    """AR loss of one prompt's greedy output (or reference answer), consistency loss averaged over
+    the given states of its trajectories (0 without states), and the weighted total."""
     logits = prompt_logits(model, states, weights.consistency)
     ar = ar_loss(logits["output"], states[0].output_ids, weights.label_smoothing)
 
@@ -146,6 +153,9 @@ def prompt_losses(model, states: Sequence[Sample], weights: LossWeights) -> dict
             return hard_consistency_loss(state_logits, sample.fixed_point, mask)
         return consistency_loss(state_logits, target, mask)
 
-    consistency = torch.stack([one_state(*state) for state in logits["states"]]).mean()
+    if logits["states"]:
+        consistency = torch.stack([one_state(*state) for state in logits["states"]]).mean()
+    else:  # answer-only samples: fine-tuning on reference answers
+        consistency = logits["output"].sum() * 0.0
     total = weights.ar_weight * ar + weights.consistency_weight * consistency
     return {"loss": total, "ar_loss": ar, "consistency_loss": consistency}

@@ -150,8 +150,10 @@ def train(
     dtype: str = "float32",
     cpu: bool = True,
     progress: bool = True,
+    desc: str = "CLLM training",
 ) -> Path:
-    """Fine-tune `model` (any `models.load` spec) on Jacobi trajectory records; return `out/final`.
+    """Fine-tune `model` (any `models.load` spec) on Jacobi trajectory records (or reference answers:
+    `trajectories.answer_records`); return `out/final`.
 
     Resumes from the newest checkpoint in `out`; returns at once when `out/final` already holds a
     run of this configuration. Degenerate (looping) generations are left out.
@@ -194,7 +196,7 @@ def train(
 
     weights = config.weights()
     workers, rank = accelerator.num_processes, accelerator.process_index
-    bar = tqdm(total=config.steps, initial=step, desc="CLLM training", disable=not (progress and accelerator.is_main_process))
+    bar = tqdm(total=config.steps, initial=step, desc=desc, disable=not (progress and accelerator.is_main_process))
     while step < config.steps:
         step_start = time.perf_counter()
         for group in optimizer.param_groups:

@@ -92,6 +92,21 @@ def collect(
     return [by_id[p.id] for p in prompts if p.id in by_id]
 
 
+def answer_records(tokenizer, prompts: Sequence[Prompt], answers: dict[str, str], end_id: int,
+                   chat: bool = True) -> list[dict]:
+    """Training records of reference answers instead of trajectories (`answers` by prompt id, each
+    ended by `end_id`, the token that stops a generation): supervised fine-tuning with the same loop,
+    e.g. on Spider's gold SQL, to start a CLLM from a model that knows the task, as the paper does."""
+    missing = [p.id for p in prompts if p.id not in answers]
+    if missing:
+        raise ValueError(f"no reference answer for {len(missing)} prompts, e.g. {missing[0]!r}")
+    records = [{"prompt_id": p.id, "group": p.group, "prompt_ids": encode(tokenizer, p, chat=chat),
+                "output_ids": tokenizer.encode(answers[p.id], add_special_tokens=False) + [end_id]} for p in prompts]
+    run_id = jsonl.config_hash({"answers": [(r["prompt_ids"], r["output_ids"]) for r in records]})  # other answers: another run
+    return [{"run_id": run_id, **r, "answer": True, "blocks": [], "degenerate": False, "target_forwards": 0,
+             "wall_time_s": 0.0} for r in records]
+
+
 def usable(records: Sequence[dict]) -> tuple[list[dict], int]:
     """(records to train on, how many degenerate ones were removed)."""
     kept = [r for r in records if not r["degenerate"]]
@@ -102,9 +117,13 @@ def samples(records: Sequence[dict]) -> list[Sample]:
     """Every state with at least one position after its first wrong token: those positions are
     predicted from a wrong context, which is what the consistency loss trains. The other states
     teach nothing (the converged prefix is masked, and the first wrong token is predicted from a
-    correct context, where state and fixed point give the same distribution)."""
+    correct context, where state and fixed point give the same distribution). A reference answer's
+    record (`answer_records`) gives one sample without a state: AR loss only."""
     found = []
     for record in records:
+        if record.get("answer"):  # a reference answer (`answer_records`): the AR loss alone
+            found.append(Sample(record["prompt_ids"], record["output_ids"], start=0, state=[], fixed_point=[],
+                                next_state=[], block_index=-1, iteration=-1, prompt_id=record["prompt_id"]))
         for block_index, block in enumerate(record["blocks"]):
             fixed_point, states = block["fixed_point"], block["states"]
             for iteration, state in enumerate(states):

@@ -7,7 +7,7 @@ quality drift; and AR vs lookahead (vs Jacobi) on a reference model where T(n) i
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 from pathlib import Path
 
 import pandas as pd
@@ -16,6 +16,7 @@ import torch
 
 from specdec_lab import data, hardware, metrics, models, quality
 from specdec_lab.cllm import train, trajectories
+from specdec_lab.decoders.common import stop_token_ids
 from specdec_lab.decoders.lookahead import tokens_per_pass
 from specdec_lab.experiments import common, lineups
 from specdec_lab.models import LoadedModel
@@ -52,11 +53,13 @@ def groups(prompts: Sequence[data.Prompt]) -> list[str]:
 
 
 def split(params: dict) -> tuple[list[data.Prompt], list[data.Prompt]]:
-    """Training and held-out prompts from disjoint databases, each spread round-robin over its databases."""
-    train_set, held_out_set = data.split_by_group(data.load_prompts(params["prompt_set"]), params["held_out_fraction"],
-                                                  seed=params["seed"])
+    """All prompts of the training databases and the first `eval_prompts` of the held-out ones (disjoint
+    databases), each side spread round-robin over its databases. The CLLM's trajectories come from
+    the first `train_prompts` of the training side; fine-tuning on reference answers draws from all of it."""
+    train_side, held_out_set = data.split_by_group(data.load_prompts(params["prompt_set"]),
+                                                   params["held_out_fraction"], seed=params["seed"])
     by_database = lambda prompt: prompt.group  # noqa: E731
-    return (data.round_robin(train_set, by_database)[:params["train_prompts"]],
+    return (data.round_robin(train_side, by_database),
             data.round_robin(held_out_set, by_database)[:params["eval_prompts"]])
 
 
@@ -64,6 +67,30 @@ def train_config(params: dict) -> train.TrainConfig:
     """The notebook's training parameters, named as TrainConfig names them (`train_steps` -> steps)."""
     names = {field.name for field in fields(train.TrainConfig)}
     return train.TrainConfig(steps=params["train_steps"], **{k: v for k, v in params.items() if k in names - {"steps"}})
+
+
+def answer_config(params: dict) -> train.TrainConfig:
+    """Supervised fine-tuning on reference answers: the AR loss alone (cross-entropy, no smoothing)."""
+    return replace(train_config(params), steps=params["sft_steps"], learning_rate=params["sft_learning_rate"],
+                               consistency_weight=0.0, ar_weight=1.0, label_smoothing=0.0, states_per_step=1)
+
+
+def fine_tune_on_answers(params: dict, prompts: Sequence[data.Prompt], answers: dict[str, str],
+                         pretrained: LoadedModel) -> Path:
+    """The paper's starting point: the model fine-tuned on the task's reference answers (Spider's gold
+    SQL of the training databases, never the held-out ones). Returns the fine-tuned model's folder."""
+    end_id = pretrained.tokenizer.eos_token_id
+    if end_id not in stop_token_ids(pretrained.model, pretrained.tokenizer):  # the decoders must stop where answers end
+        raise ValueError(f"{params['model']}'s eos_token ({pretrained.tokenizer.eos_token!r}) is not among the ids its "
+                         f"generation stops at: the answers to fine-tune on cannot be ended; use sft_steps: 0")
+    records = trajectories.answer_records(pretrained.tokenizer, prompts, answers, end_id)
+    config = answer_config(params)
+    run_dir = train.run_folder(common.results_file(params, NOTEBOOK, "runs"), params["model"], records, config,
+                               params["train_dtype"])
+    folder = train.train(params["model"], records, run_dir, config, dtype=params["train_dtype"],
+                         cpu=params["device"] == "cpu", desc="fine-tuning on reference answers")
+    print(f"fine-tuned for {config.steps * config.grad_accumulation} answers drawn from {len(records)} prompts: {folder}")
+    return folder
 
 
 def cost_curve(loaded: LoadedModel, spec: str, dtype: str, params: dict) -> pd.DataFrame:
@@ -76,18 +103,29 @@ def run(params: dict) -> Tables:
     model, dtype, device = params["model"], params["dtype"], params["device"]
     base = models.load(model, dtype=dtype, device=device)
     curves = {(model, dtype): cost_curve(base, model, dtype, params)}
-    train_set, held_out_set = split(params)
+    train_side, held_out_set = split(params)
+    train_set = train_side[:params["train_prompts"]]
     print(f"training: {len(train_set)} prompts over {len(groups(train_set))} databases")
     print(f"held out: {len(held_out_set)} prompts over databases never trained on: {', '.join(groups(held_out_set))}")
 
+    pretrained_rows, base_spec = None, model
+    if params["sft_steps"]:  # the CLLM's base is then the fine-tuned model; the pretrained one is kept for accuracy
+        answers = data.reference_answers(params["prompt_set"])  # fails before any work for a set without
+        pretrained_rows = bench.run([lineups.ar(base, params["max_new_tokens"], name=lineups.PRETRAINED_AR)],
+                                    held_out_set, base.tokenizer, repeats=1, warmup=0, config=params, desc="pretrained",
+                                    out=common.results_file(params, NOTEBOOK, "pretrained.jsonl"))
+        base_spec = str(fine_tune_on_answers(params, train_side, answers, base))
+        base = models.load(base_spec, dtype=dtype, device=device)
     records = trajectories.collect(base.model, base.tokenizer, train_set,
                                    common.results_file(params, NOTEBOOK, "trajectories.jsonl"),
                                    params["max_new_tokens"], params["block_size"], params["init"], params["seed"],
-                                   config={"model": model, "dtype": dtype})
+                                   config={"model": base_spec, "dtype": dtype})
     kept, _ = trajectories.usable(records)
     config = train_config(params)
-    run_dir = train.run_folder(common.results_file(params, NOTEBOOK, "runs"), model, kept, config, dtype)
-    cllm_folder = train.train(model, kept, run_dir, config, dtype=dtype, cpu=device == "cpu")
+    run_dir = train.run_folder(common.results_file(params, NOTEBOOK, "runs"), base_spec, kept, config,
+                               params["train_dtype"])
+    # trained in `train_dtype` (fp32 weights under bf16 autocast: AdamW's small steps are lost on bf16 weights)
+    cllm_folder = train.train(base_spec, kept, run_dir, config, dtype=params["train_dtype"], cpu=device == "cpu")
     cllm = models.load(str(cllm_folder), dtype=dtype, device=device)
     losses = pd.DataFrame(train.read_losses(run_dir))
     print(f"CLLM in {cllm_folder}; {len(losses)} steps, {losses.step_s.sum() / 60:.1f} min of training")
@@ -134,12 +172,14 @@ def run(params: dict) -> Tables:
         nll, looping_answers(rows, lineups.CLLM_JACOBI), cost_curves,
         break_even_table(cost_curves, params["block_size"], params["lookahead_configs"]))
     if params["prompt_set"] == "spider":
-        tables.sql_accuracy = sql_accuracy(rows, data.spider_gold())
+        answered = rows if pretrained_rows is None else pd.concat([pretrained_rows, rows])
+        tables.sql_accuracy = sql_accuracy(answered, data.spider_gold())
     if reference_rows is not None:
         tables.reference_table = metrics.summary(reference_rows, baseline=lineups.BASE_AR)
         tables.reference_table["ms_per_forward"] = ms_per_forward(reference_rows)
         tables.reference_blocks = block_summary(block_table(reference_rows))
-    common.write_outputs(params, NOTEBOOK, summary, headline(tables), model=model, dtype=dtype)
+    common.write_outputs(params, NOTEBOOK, summary, headline(tables), dtype=dtype,
+                         model=f"{model} fine-tuned on gold SQL" if params["sft_steps"] else model)
     return tables
 
 
@@ -272,10 +312,13 @@ def cost_findings(tables: Tables, params: dict) -> str:
             f"{own[jacobi]:.2f} tokens per forward to beat AR. ")
     if pick is None:
         return text + "No measured model has a Jacobi block that breaks even at 1.5 tokens per forward or less."
-    return text + (f"The cost curves favour **{pick.model}** with blocks of **{pick.tokens_per_pass}** for a CLLM: "
-                   f"there a block breaks even at {pick.break_even_tokens_per_forward:.2f} tokens per forward, the "
-                   f"largest block within the 1.5 tokens per forward a CLLM should reach. The `cpu` profile trains "
-                   f"{params['model']} all the same, because a larger model's training does not fit its budget.")
+    text += (f"The cost curves favour **{pick.model}** with blocks of **{pick.tokens_per_pass}** for a CLLM: there a "
+             f"block breaks even at {pick.break_even_tokens_per_forward:.2f} tokens per forward, the largest block "
+             f"within the 1.5 tokens per forward a CLLM should reach. ")
+    if pick.model == f"{params['model']} ({params['dtype']})":
+        return text + "This profile trains that model."
+    return text + (f"This profile trains {params['model']} all the same: the favoured model's training does not fit "
+                   f"its budget (the `cpu-full` profile trains a larger one).")
 
 
 # --- words and headline -----------------------------------------------------------------------------
@@ -283,18 +326,26 @@ def cost_findings(tables: Tables, params: dict) -> str:
 def headline(tables: Tables) -> dict:
     tpf, seen = tables.table.tokens_per_target_forward, tables.tokens_per_forward_by_prompts["training databases"]
     cllm = tables.table.loc[lineups.CLLM_JACOBI]
-    return {
+    line = {
         "Jacobi tokens/forward, base": round(float(tpf[lineups.BASE_JACOBI]), 3),
         "Jacobi tokens/forward, CLLM": round(float(tpf[lineups.CLLM_JACOBI]), 3),
         "Jacobi tokens/forward, CLLM on training prompts": round(float(seen[lineups.CLLM_JACOBI]), 3),
         "Jacobi (CLLM) speedup over AR (per token)": (f"{cllm.speedup:.2f}x (95% CI {cllm.speedup_low:.2f}-"
                                                       f"{cllm.speedup_high:.2f}, {int(cllm.prompts)} prompts)"),
         "CLLM agreement with base greedy": round(float(tables.table.agreement[lineups.CLLM_JACOBI]), 3),
-        **({"SQL exact match, base / CLLM": f"{tables.sql_accuracy.exact_match[lineups.BASE_AR]:.2f} / "
-                                            f"{tables.sql_accuracy.exact_match[lineups.CLLM_JACOBI]:.2f} "
-                                            f"({int(tables.sql_accuracy.prompts.max())} prompts)"}
-           if tables.sql_accuracy is not None else {}),
     }
+    if tables.sql_accuracy is not None:
+        accuracy, names = tables.sql_accuracy, accuracy_names(tables.sql_accuracy)
+        line["SQL exact match, " + " / ".join(names.values())] = (
+            " / ".join(f"{accuracy.exact_match[method]:.2f}" for method in names) + f" ({int(accuracy.prompts.max())} prompts)")
+    return line
+
+
+def accuracy_names(accuracy: pd.DataFrame) -> dict[str, str]:
+    """The models whose SQL accuracy is reported, by their method's row: the pretrained model (when
+    04 fine-tunes it first), the base and the CLLM."""
+    names = {lineups.PRETRAINED_AR: "pretrained", lineups.BASE_AR: "base", lineups.CLLM_JACOBI: "CLLM"}
+    return {method: name for method, name in names.items() if method in accuracy.index}
 
 
 def findings(tables: Tables, params: dict) -> str:
@@ -323,7 +374,11 @@ def findings(tables: Tables, params: dict) -> str:
            f"{tables.sql_accuracy.exact_match[lineups.BASE_AR]:.0%} of the held-out prompts for the base model and "
            f"{tables.sql_accuracy.exact_match[cllm]:.0%} for the CLLM ({int(tables.sql_accuracy.prompts.max())} "
            f"prompts, {params['max_new_tokens']} tokens: a longer query is cut off and cannot match)."
-           if tables.sql_accuracy is not None else ""))
+           if tables.sql_accuracy is not None else "")
+        + (f" The base model is {params['model']} after {params['sft_steps']} steps of fine-tuning on the gold SQL of "
+           f"the training databases; before them it matched "
+           f"{tables.sql_accuracy.exact_match[lineups.PRETRAINED_AR]:.0%}."
+           if tables.sql_accuracy is not None and lineups.PRETRAINED_AR in tables.sql_accuracy.index else ""))
 
 
 def reference_findings(tables: Tables, params: dict) -> str:

@@ -22,6 +22,7 @@ from specdec_lab.sampling import GREEDY, Sampling
 TARGET_AR = "target AR (ours)"
 DRAFT_AR = "draft AR (ours)"
 BASE_AR = "AR (base)"
+PRETRAINED_AR = "AR (pretrained, before fine-tuning)"  # when 04 fine-tunes the base on reference answers first
 BASE_JACOBI = "Jacobi (base)"
 CLLM_JACOBI = "Jacobi (CLLM)"
 
