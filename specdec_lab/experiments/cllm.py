@@ -72,7 +72,7 @@ def train_config(params: dict) -> train.TrainConfig:
 def answer_config(params: dict) -> train.TrainConfig:
     """Supervised fine-tuning on reference answers: the AR loss alone (cross-entropy, no smoothing)."""
     return replace(train_config(params), steps=params["sft_steps"], learning_rate=params["sft_learning_rate"],
-                               consistency_weight=0.0, ar_weight=1.0, label_smoothing=0.0, states_per_step=1)
+                   consistency_weight=0.0, ar_weight=1.0, label_smoothing=0.0, states_per_step=1)
 
 
 def fine_tune_on_answers(params: dict, prompts: Sequence[data.Prompt], answers: dict[str, str],
@@ -336,8 +336,8 @@ def headline(tables: Tables) -> dict:
     }
     if tables.sql_accuracy is not None:
         accuracy, names = tables.sql_accuracy, accuracy_names(tables.sql_accuracy)
-        line["SQL exact match, " + " / ".join(names.values())] = (
-            " / ".join(f"{accuracy.exact_match[method]:.2f}" for method in names) + f" ({int(accuracy.prompts.max())} prompts)")
+        shares = " / ".join(f"{accuracy.exact_match[method]:.2f}" for method in names)
+        line["SQL exact match, " + " / ".join(names.values())] = f"{shares} ({int(accuracy.prompts.max())} prompts)"
     return line
 
 
@@ -378,7 +378,7 @@ def findings(tables: Tables, params: dict) -> str:
         + (f" The base model is {params['model']} after {params['sft_steps']} steps of fine-tuning on the gold SQL of "
            f"the training databases; before them it matched "
            f"{tables.sql_accuracy.exact_match[lineups.PRETRAINED_AR]:.0%}."
-           if tables.sql_accuracy is not None and lineups.PRETRAINED_AR in tables.sql_accuracy.index else ""))
+           if tables.sql_accuracy is not None and lineups.PRETRAINED_AR in accuracy_names(tables.sql_accuracy) else ""))
 
 
 def reference_findings(tables: Tables, params: dict) -> str:
