@@ -207,6 +207,7 @@ RULES: dict[str, Callable[[str, object], str | None]] = {
     "train_dtype": _one_of(sorted(models.DTYPES)),
     "sft_steps": _non_negative_int,  # 0: no fine-tuning on reference answers first
     "sft_learning_rate": _positive_number,
+    "sft_answers_per_step": _positive_int,  # answers accumulated into one optimizer step
     "learning_rate": _positive_number,
     "grad_accumulation": _positive_int,
     "states_per_step": _positive_int,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import pandas as pd
@@ -227,9 +228,9 @@ def test_a_prompt_without_a_reference_answer_fails_early(loaded):
 def test_fine_tuning_on_reference_answers_lowers_their_loss(loaded, model_folder, tmp_path):
     records = trajectories.answer_records(loaded.tokenizer, prompts(4), answers(4), end_id=1, chat=False)
     params = {"train_steps": 50, "learning_rate": 1e-4, "sft_steps": 12, "sft_learning_rate": 3e-3,
-              "grad_accumulation": 1, "states_per_step": 8, "checkpoint_every": 6}
+              "sft_answers_per_step": 2, "grad_accumulation": 1, "states_per_step": 8, "checkpoint_every": 6}
     config = evaluate.answer_config(params)
-    assert (config.steps, config.learning_rate, config.states_per_step) == (12, 3e-3, 1)
+    assert (config.steps, config.learning_rate, config.states_per_step, config.grad_accumulation) == (12, 3e-3, 1, 2)
     assert (config.ar_weight, config.consistency_weight, config.label_smoothing) == (1.0, 0.0, 0.0)
     found = trajectories.samples(records)
     before = mean_loss(loaded.model, found, config.weights())
@@ -335,6 +336,27 @@ def test_cllm_line_up_declares_what_each_method_is(loaded):
         (lineups.BASE_AR, "target AR", True), (lineups.BASE_JACOBI, "parallel", True),
         (lineups.CLLM_JACOBI, "parallel", False)]  # a fine-tuned model's text is its own
     assert [m.name for m in lineups.cllm(loaded, loaded, 4, 2, with_ar=False)] == [lineups.BASE_JACOBI, lineups.CLLM_JACOBI]
+    configs = [{"window": 3, "ngram_size": 3}, {"window": 5, "ngram_size": 3, "candidates": 2}]
+    with_lookahead = lineups.cllm(loaded, loaded, 4, 2, lookahead_configs=configs)
+    assert [(m.name, m.lossless) for m in with_lookahead[3:]] == [
+        ("Lookahead W=3 N=3 G=3 (base)", True), ("Lookahead W=5 N=3 G=2 (base)", True),
+        ("Lookahead W=3 N=3 G=3 (CLLM)", False)]  # the CLLM with the first config only: its text is its own
+    assert [m.name for m in lineups.cllm(loaded, None, 4, 2, lookahead_configs=configs)][-1] == "Lookahead W=5 N=3 G=2 (base)"
+
+
+def test_cllm_methods_decode_the_cllm_and_base_methods_the_base(loaded):
+    """A stand-in CLLM with other weights: Jacobi and lookahead on it return its greedy text (fp32,
+    exact), the base methods the base's."""
+    other = tiny_model(seed=1)
+    cllm_model = dataclasses.replace(loaded, model=other)
+    prompt = data.encode(loaded.tokenizer, prompts(1)[0], chat=False)
+    texts = {m.name: m(prompt).tokens for m in lineups.cllm(loaded, cllm_model, 12, 4,
+                                                             lookahead_configs=[{"window": 3, "ngram_size": 3}])}
+    base = autoregressive.generate(loaded.model, prompt, 12).tokens
+    own = autoregressive.generate(other, prompt, 12).tokens
+    assert base != own  # the test needs two models that answer differently
+    assert texts[lineups.BASE_AR] == texts[lineups.BASE_JACOBI] == texts["Lookahead W=3 N=3 G=3 (base)"] == base
+    assert texts[lineups.CLLM_JACOBI] == texts["Lookahead W=3 N=3 G=3 (CLLM)"] == own
 
 
 def test_two_cpu_processes_train_like_one_with_the_same_global_batch(loaded, model_folder, tmp_path):

@@ -160,6 +160,19 @@ def test_sql_accuracy_counts_each_prompt_once_against_its_gold():
     assert table.prompts.to_dict() == {lineups.BASE_AR: 2, lineups.CLLM_JACOBI: 2}
 
 
+def test_paired_answers_count_the_prompts_one_method_gets_right_and_the_other_wrong():
+    gold = {"a": "SELECT 1 FROM t", "b": "SELECT 2 FROM t", "c": "SELECT 3 FROM t", "d": "SELECT 4 FROM t",
+            "e": "SELECT 5 FROM t"}
+    rows = pd.DataFrame([row(lineups.BASE_AR, "a", text="SELECT 1 FROM t"), row(lineups.CLLM_JACOBI, "a", text="SELECT 1 FROM t"),
+                         row(lineups.BASE_AR, "b", text="SELECT 2 FROM t"), row(lineups.CLLM_JACOBI, "b", text="SELECT 9 FROM t"),
+                         row(lineups.BASE_AR, "c", text="SELECT 9 FROM t"), row(lineups.CLLM_JACOBI, "c", text="SELECT 3 FROM t"),
+                         row(lineups.BASE_AR, "d", text="SELECT 9 FROM t"), row(lineups.CLLM_JACOBI, "d", text="SELECT 9 FROM t"),
+                         row(lineups.BASE_AR, "e", text="SELECT 5 FROM t"), row(lineups.CLLM_JACOBI, "e", text="SELECT 9 FROM t"),
+                         row(lineups.CLLM_JACOBI, "d", repeat=1, text="SELECT 4 FROM t")])  # a later repeat: not counted
+    assert cllm.paired_answers(rows, gold, lineups.BASE_AR, lineups.CLLM_JACOBI) == {
+        "both": 1, "only_first": 2, "only_second": 1, "neither": 1}
+
+
 def curves() -> pd.DataFrame:
     """T(n)/T(1) of a model where tokens are nearly free (flat) and one where they are not (steep)."""
     n = [1, 8, 16, 32]
@@ -229,11 +242,37 @@ def test_sql_accuracy_names_the_pretrained_model_when_the_base_was_fine_tuned_fi
                                        index=[lineups.BASE_AR, lineups.PRETRAINED_AR, lineups.CLLM_JACOBI])
     assert cllm.headline(tables)["SQL exact match, pretrained / base / CLLM"] == "0.20 / 0.50 / 0.40 (20 prompts)"
     text = cllm.findings(tables, {"block_size": 16, "dtype": "bfloat16", "device": "cpu", "max_new_tokens": 64,
-                                  "model": "m", "sft_steps": 100})
+                                  "model": "m", "sft_steps": 100, "sft_answers_per_step": 8})
     assert "50% of the held-out prompts for the base model and 40% for the CLLM" in text
-    assert "m after 100 steps of fine-tuning on the gold SQL of the training databases; before them it matched 20%" in text
+    assert ("m after 100 steps of fine-tuning (8 answers each) on the gold SQL of the training databases; before them "
+            "it matched 20%") in text
     tables.sql_accuracy = tables.sql_accuracy.drop(lineups.PRETRAINED_AR)
     assert cllm.headline(tables)["SQL exact match, base / CLLM"] == "0.50 / 0.40 (20 prompts)"
+    tables.accuracy_pairs = {"both": 7, "only_first": 3, "only_second": 1, "neither": 9}
+    text = cllm.findings(tables, {"block_size": 16, "dtype": "bfloat16", "device": "cpu", "max_new_tokens": 64,
+                                  "model": "m", "sft_steps": 0})
+    assert "the base model answers 3 right that the CLLM gets wrong and the CLLM 1 the other way" in text
+    assert "one prompt is 5 points of accuracy here" in text
+
+
+def test_cllm_findings_and_headline_report_lookahead_on_the_cllm_when_it_ran():
+    tables = synthetic_cllm_tables()
+    assert "Lookahead decoding of the CLLM" not in cllm.findings(tables, {"block_size": 16, "dtype": "float32",
+                                                                         "device": "cpu"})
+    name, base_name = lineups.cllm_lookahead_names([{"window": 5, "ngram_size": 3}])
+    assert (name, base_name) == ("Lookahead W=5 N=3 G=5 (CLLM)", "Lookahead W=5 N=3 G=5 (base)")
+    tables.table.loc[name] = {"tokens_per_target_forward": 1.8, "speedup": 1.2, "agreement": 0.25, "ms_per_forward": 60.0,
+                              "speedup_low": 1.1, "speedup_high": 1.3, "prompts": 2}
+    tables.table.loc[base_name] = {"tokens_per_target_forward": 1.4, "speedup": 0.9, "agreement": 1.0,
+                                   "ms_per_forward": 60.0, "speedup_low": 0.8, "speedup_high": 1.0, "prompts": 2}
+    tables.cllm_lookahead, tables.base_lookahead = name, base_name
+    text = cllm.findings(tables, {"block_size": 16, "dtype": "float32", "device": "cpu"})
+    assert ("Lookahead decoding of the CLLM (Lookahead W=5 N=3 G=5 (CLLM)) makes **1.80** tokens per forward (the base "
+            "model 1.40 at the same W, N, G) at 1.50x") in text
+    assert "**1.20x** AR (95% CI 1.10-1.30)" in text
+    headline = cllm.headline(tables)
+    assert headline[f"{name}: tokens/forward"] == 1.8
+    assert headline[f"{name}: speedup over AR (per token)"] == "1.20x (95% CI 1.10-1.30, 2 prompts)"
 
 
 def test_reference_findings_say_whether_the_best_parallel_method_pays():

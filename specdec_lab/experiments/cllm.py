@@ -1,8 +1,8 @@
 """Notebook 04: parallel decoding. The cost of a forward over n tokens, T(n), per model, and the
 tokens per forward at which Jacobi or lookahead decoding breaks even; the base model's Jacobi
-trajectories, a consistency LLM (CLLM) fine-tuned on them, then AR vs Jacobi (base) vs Jacobi
-(CLLM) vs lookahead (base) on held-out databases: tokens per forward, speed, per-block statistics,
-quality drift; and AR vs lookahead (vs Jacobi) on a reference model where T(n) is flat."""
+trajectories, a consistency LLM (CLLM) fine-tuned on them, then AR vs Jacobi and lookahead decoding
+of the base model and of the CLLM on held-out databases: tokens per forward, speed, per-block
+statistics, quality drift; and AR vs lookahead (vs Jacobi) on a reference model where T(n) is flat."""
 
 from __future__ import annotations
 
@@ -33,7 +33,7 @@ class Tables:
     collected: dict  # trajectory counts (trajectories.summary)
     losses: pd.DataFrame  # one row per optimizer step
     cllm_folder: Path
-    rows: pd.DataFrame  # held-out rows: AR, Jacobi (base), Jacobi (CLLM)
+    rows: pd.DataFrame  # held-out rows: AR, Jacobi and lookahead of the base model and the CLLM
     table: pd.DataFrame  # one line per method, with ms_per_forward
     blocks: pd.DataFrame  # one row per Jacobi block
     block_stats: pd.DataFrame  # per method: iterations, fast-forwarded, stationary tokens per block
@@ -46,6 +46,9 @@ class Tables:
     reference_table: pd.DataFrame | None = None  # AR vs lookahead (vs Jacobi) on an untrained larger model
     reference_blocks: pd.DataFrame | None = None
     sql_accuracy: pd.DataFrame | None = None  # per method: exact match of its held-out SQL with Spider's gold
+    accuracy_pairs: dict | None = None  # base vs CLLM prompt by prompt (`paired_answers`)
+    cllm_lookahead: str | None = None  # the method name of lookahead decoding on the CLLM, when run
+    base_lookahead: str | None = None  # and of lookahead on the base model with the same W, N, G
 
 
 def groups(prompts: Sequence[data.Prompt]) -> list[str]:
@@ -70,9 +73,11 @@ def train_config(params: dict) -> train.TrainConfig:
 
 
 def answer_config(params: dict) -> train.TrainConfig:
-    """Supervised fine-tuning on reference answers: the AR loss alone (cross-entropy, no smoothing)."""
+    """Supervised fine-tuning on reference answers: the AR loss alone (cross-entropy, no smoothing),
+    `sft_answers_per_step` answers (one prompt each) accumulated into every optimizer step."""
     return replace(train_config(params), steps=params["sft_steps"], learning_rate=params["sft_learning_rate"],
-                   consistency_weight=0.0, ar_weight=1.0, label_smoothing=0.0, states_per_step=1)
+                   grad_accumulation=params["sft_answers_per_step"], consistency_weight=0.0, ar_weight=1.0,
+                   label_smoothing=0.0, states_per_step=1)
 
 
 def fine_tune_on_answers(params: dict, prompts: Sequence[data.Prompt], answers: dict[str, str],
@@ -171,9 +176,11 @@ def run(params: dict) -> Tables:
         both.pivot_table(index="decoder", columns="prompts", values="tokens_per_target_forward"),
         nll, looping_answers(rows, lineups.CLLM_JACOBI), cost_curves,
         break_even_table(cost_curves, params["block_size"], params["lookahead_configs"]))
+    tables.cllm_lookahead, tables.base_lookahead = lineups.cllm_lookahead_names(params["lookahead_configs"])
     if params["prompt_set"] == "spider":
-        answered = rows if pretrained_rows is None else pd.concat([pretrained_rows, rows])
-        tables.sql_accuracy = sql_accuracy(answered, data.spider_gold())
+        answered, gold = (rows if pretrained_rows is None else pd.concat([pretrained_rows, rows])), data.spider_gold()
+        tables.sql_accuracy = sql_accuracy(answered, gold)
+        tables.accuracy_pairs = paired_answers(rows, gold, lineups.BASE_AR, lineups.CLLM_JACOBI)
     if reference_rows is not None:
         tables.reference_table = metrics.summary(reference_rows, baseline=lineups.BASE_AR)
         tables.reference_table["ms_per_forward"] = ms_per_forward(reference_rows)
@@ -230,6 +237,18 @@ def sql_accuracy(rows: pd.DataFrame, gold: dict[str, str]) -> pd.DataFrame:
                     r.text, gold[r.prompt_id]), axis=1).mean()), "prompts": len(group)}
                for decoder, group in answers.groupby("decoder", sort=False)]
     return pd.DataFrame(records).set_index("decoder")
+
+
+def paired_answers(rows: pd.DataFrame, gold: dict[str, str], first: str, second: str) -> dict[str, int]:
+    """How two methods' held-out answers (first repeat) compare prompt by prompt: right in both, only
+    in `first`, only in `second`, in neither. Two accuracies from the same few prompts differ by the
+    prompts one gets right and the other wrong; these counts say how many that is."""
+    answers = rows[rows.repeat == 0].drop_duplicates(["decoder", "prompt_id"]).set_index(["decoder", "prompt_id"]).text
+    shared = sorted(set(answers[first].index) & set(answers[second].index))
+    right = {method: {p for p in shared if quality.sql_exact_match(answers[method][p], gold[p])}
+             for method in (first, second)}
+    return {"both": len(right[first] & right[second]), "only_first": len(right[first] - right[second]),
+            "only_second": len(right[second] - right[first]), "neither": len(set(shared) - right[first] - right[second])}
 
 
 def block_table(rows: pd.DataFrame) -> pd.DataFrame:
@@ -334,6 +353,12 @@ def headline(tables: Tables) -> dict:
                                                       f"{cllm.speedup_high:.2f}, {int(cllm.prompts)} prompts)"),
         "CLLM agreement with base greedy": round(float(tables.table.agreement[lineups.CLLM_JACOBI]), 3),
     }
+    if tables.cllm_lookahead is not None:
+        lookahead = tables.table.loc[tables.cllm_lookahead]
+        line[f"{tables.cllm_lookahead}: tokens/forward"] = round(float(lookahead.tokens_per_target_forward), 3)
+        line[f"{tables.cllm_lookahead}: speedup over AR (per token)"] = (
+            f"{lookahead.speedup:.2f}x (95% CI {lookahead.speedup_low:.2f}-{lookahead.speedup_high:.2f}, "
+            f"{int(lookahead.prompts)} prompts)")
     if tables.sql_accuracy is not None:
         accuracy, names = tables.sql_accuracy, accuracy_names(tables.sql_accuracy)
         shares = " / ".join(f"{accuracy.exact_match[method]:.2f}" for method in names)
@@ -366,19 +391,45 @@ def findings(tables: Tables, params: dict) -> str:
         f"A Jacobi iteration over the block costs {cost:.2f}x an AR step here ({params['dtype']}, {params['device']}), "
         f"so Jacobi pays only above about {cost:.2f} tokens per forward: measured speedup over AR is "
         f"{table.speedup[base]:.2f}x for the base model and {table.speedup[cllm]:.2f}x for the CLLM. "
-        f"Quality: the CLLM's greedy text matches the base model's on {table.agreement[cllm]:.0%} of its tokens "
+        + cllm_lookahead_findings(tables)
+        + f"Quality: the CLLM's greedy text matches the base model's on {table.agreement[cllm]:.0%} of its tokens "
         f"on average before the first difference; the NLL of the base model's held-out answers goes from "
         f"{nll['base']:.3f} to {nll['CLLM']:.3f} nats per token; {tables.looping} of the CLLM's {answers} held-out "
         f"answers loop (an 8-token sequence three times or more), which converges in few iterations."
-        + (f" Task quality: the generated SQL matches Spider's gold query (normalized string match) on "
-           f"{tables.sql_accuracy.exact_match[lineups.BASE_AR]:.0%} of the held-out prompts for the base model and "
-           f"{tables.sql_accuracy.exact_match[cllm]:.0%} for the CLLM ({int(tables.sql_accuracy.prompts.max())} "
-           f"prompts, {params['max_new_tokens']} tokens: a longer query is cut off and cannot match)."
-           if tables.sql_accuracy is not None else "")
-        + (f" The base model is {params['model']} after {params['sft_steps']} steps of fine-tuning on the gold SQL of "
-           f"the training databases; before them it matched "
-           f"{tables.sql_accuracy.exact_match[lineups.PRETRAINED_AR]:.0%}."
-           if tables.sql_accuracy is not None and lineups.PRETRAINED_AR in accuracy_names(tables.sql_accuracy) else ""))
+        + accuracy_findings(tables, params))
+
+
+def cllm_lookahead_findings(tables: Tables) -> str:
+    """Lookahead decoding of the CLLM against AR, and its tokens per forward against the base model's
+    lookahead at the same W, N, G ("" when it did not run)."""
+    if tables.cllm_lookahead is None:
+        return ""
+    line, table = tables.table.loc[tables.cllm_lookahead], tables.table
+    return (f"Lookahead decoding of the CLLM ({tables.cllm_lookahead}) makes **{line.tokens_per_target_forward:.2f}** "
+            f"tokens per forward (the base model {table.tokens_per_target_forward[tables.base_lookahead]:.2f} at the "
+            f"same W, N, G) at {line.ms_per_forward / table.ms_per_forward[lineups.BASE_AR]:.2f}x the time of an AR "
+            f"step: **{line.speedup:.2f}x** AR (95% CI {line.speedup_low:.2f}-{line.speedup_high:.2f}). ")
+
+
+def accuracy_findings(tables: Tables, params: dict) -> str:
+    """SQL exact match of the base model and the CLLM, prompt by prompt, and of the pretrained model
+    when the base was fine-tuned first ("" for a prompt set without reference answers)."""
+    if tables.sql_accuracy is None:
+        return ""
+    accuracy, pairs = tables.sql_accuracy, tables.accuracy_pairs
+    text = (f" Task quality: the generated SQL matches Spider's gold query (normalized string match) on "
+            f"{accuracy.exact_match[lineups.BASE_AR]:.0%} of the held-out prompts for the base model and "
+            f"{accuracy.exact_match[lineups.CLLM_JACOBI]:.0%} for the CLLM ({int(accuracy.prompts.max())} prompts, "
+            f"{params['max_new_tokens']} tokens: a longer query is cut off and cannot match).")
+    if pairs and sum(pairs.values()):
+        text += (f" Prompt by prompt, the base model answers {pairs['only_first']} right that the CLLM gets wrong and "
+                 f"the CLLM {pairs['only_second']} the other way ({pairs['both']} right in both, {pairs['neither']} in "
+                 f"neither): one prompt is {100 / sum(pairs.values()):.0f} points of accuracy here.")
+    if lineups.PRETRAINED_AR in accuracy_names(accuracy):
+        text += (f" The base model is {params['model']} after {params['sft_steps']} steps of fine-tuning "
+                 f"({params['sft_answers_per_step']} answer{'s' * (params['sft_answers_per_step'] != 1)} each) on the gold SQL of the training databases; before "
+                 f"them it matched {accuracy.exact_match[lineups.PRETRAINED_AR]:.0%}.")
+    return text
 
 
 def reference_findings(tables: Tables, params: dict) -> str:

@@ -155,14 +155,27 @@ def lookahead_label(config: dict) -> str:
     return label + (" + prompt n-grams" if config.get("pool_from_prompt") else "")
 
 
-def lookahead_method(model: LoadedModel, max_new_tokens: int, config: dict, model_label: str = "base") -> Method:
-    """Lookahead decoding (lossless, greedy) with a config {window, ngram_size, candidates?, pool_from_prompt?}."""
+def lookahead_name(config: dict, model_label: str = "base") -> str:
+    return f"Lookahead {lookahead_label(config)} ({model_label})"
+
+
+def cllm_lookahead_names(lookahead_configs: Sequence[dict]) -> tuple[str, str] | tuple[None, None]:
+    """The names of lookahead decoding on the CLLM in `cllm`'s line-up (the first config) and on the
+    base model at the same config; (None, None) when there is no lookahead config."""
+    if not lookahead_configs:
+        return None, None
+    return lookahead_name(lookahead_configs[0], "CLLM"), lookahead_name(lookahead_configs[0], "base")
+
+
+def lookahead_method(model: LoadedModel, max_new_tokens: int, config: dict, model_label: str = "base",
+                     lossless: bool = True) -> Method:
+    """Lookahead decoding (greedy: it returns `model`'s greedy text) with a config {window, ngram_size,
+    candidates?, pool_from_prompt?}. `lossless=False` for a fine-tuned model, whose text is its own."""
     config = {"candidates": config["window"], "pool_from_prompt": False, **config}
 
     def decode(prompt_ids):
         return lookahead.generate(model.model, prompt_ids, max_new_tokens, **config)
-    return Method(f"Lookahead {lookahead_label(config)} ({model_label})", decode, lossless=True, role="parallel",
-                  params=dict(config))
+    return Method(lookahead_name(config, model_label), decode, lossless=lossless, role="parallel", params=dict(config))
 
 
 # --- line-ups -------------------------------------------------------------------------------------
@@ -265,12 +278,16 @@ def cllm(base: LoadedModel, cllm_model: LoadedModel | None, max_new_tokens: int,
          init: str = "prompt_tokens", with_ar: bool = True, with_jacobi: bool = True,
          lookahead_configs: Sequence[dict] = ()) -> list[Method]:
     """AR on the base model (the baseline and the reference text), Jacobi on the base model
-    (lossless) and on the CLLM (a fine-tuned model: its text is its own, not the base's), and
-    lookahead decoding of the base model (lossless, training-free) with each config."""
+    (lossless) and on the CLLM (a fine-tuned model: its text is its own, not the base's), lookahead
+    decoding of the base model (lossless, training-free) with each config, and lookahead decoding of
+    the CLLM with the first config (the CLLM paper combines the two: the pool's n-grams come from the
+    CLLM's own Jacobi guesses; the findings compare it with the base model's lookahead at that config)."""
     methods = [ar(base, max_new_tokens, name=BASE_AR)] if with_ar else []
     if with_jacobi:
         methods.append(jacobi_method(base, max_new_tokens, block_size, init, BASE_JACOBI, lossless=True))
     if cllm_model is not None:
         methods.append(jacobi_method(cllm_model, max_new_tokens, block_size, init, CLLM_JACOBI, lossless=False))
     methods += [lookahead_method(base, max_new_tokens, config) for config in lookahead_configs]
+    if cllm_model is not None and lookahead_configs:
+        methods.append(lookahead_method(cllm_model, max_new_tokens, lookahead_configs[0], "CLLM", lossless=False))
     return methods
