@@ -178,7 +178,8 @@ def run(params: dict) -> Tables:
         break_even_table(cost_curves, params["block_size"], params["lookahead_configs"]))
     tables.cllm_lookahead, tables.base_lookahead = lineups.cllm_lookahead_names(params["lookahead_configs"])
     if params["prompt_set"] == "spider":
-        answered, gold = (rows if pretrained_rows is None else pd.concat([pretrained_rows, rows])), data.spider_gold()
+        gold = data.spider_gold()
+        answered = rows if pretrained_rows is None else pd.concat([pretrained_rows, rows])
         tables.sql_accuracy = sql_accuracy(answered, gold)
         tables.accuracy_pairs = paired_answers(rows, gold, lineups.BASE_AR, lineups.CLLM_JACOBI)
     if reference_rows is not None:
