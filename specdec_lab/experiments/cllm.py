@@ -229,25 +229,29 @@ def seen_and_held_out(seen: pd.DataFrame, held_out: pd.DataFrame) -> pd.DataFram
     return both[both.role == "parallel"].reset_index(drop=True)
 
 
+def answer_matches(rows: pd.DataFrame, gold: dict[str, str]) -> pd.Series:
+    """(method, prompt id) -> whether its held-out answer (first repeat) matches Spider's gold query
+    (`quality.sql_exact_match`), in the rows' order of methods."""
+    answers = rows[rows.repeat == 0].drop_duplicates(["decoder", "prompt_id"])
+    return pd.Series([quality.sql_exact_match(text, gold[prompt_id])
+                      for text, prompt_id in zip(answers.text, answers.prompt_id)],
+                     index=pd.MultiIndex.from_arrays([answers.decoder, answers.prompt_id]))
+
+
 def sql_accuracy(rows: pd.DataFrame, gold: dict[str, str]) -> pd.DataFrame:
-    """Per method: the share of its held-out answers (first repeat) whose SQL matches Spider's gold
-    query (`quality.sql_exact_match`), and the prompt count. The lossless methods answer as the base
-    model does; the CLLM answers as itself."""
-    answers = rows[rows.repeat == 0]
-    records = [{"decoder": decoder, "exact_match": float(group.apply(lambda r: quality.sql_exact_match(
-                    r.text, gold[r.prompt_id]), axis=1).mean()), "prompts": len(group)}
-               for decoder, group in answers.groupby("decoder", sort=False)]
-    return pd.DataFrame(records).set_index("decoder")
+    """Per method: the share of its held-out answers whose SQL matches the gold query, and the prompt
+    count. The lossless methods answer as the base model does; the CLLM answers as itself."""
+    matches = answer_matches(rows, gold).astype(float).groupby(level="decoder", sort=False)
+    return pd.DataFrame({"exact_match": matches.mean(), "prompts": matches.size()})
 
 
 def paired_answers(rows: pd.DataFrame, gold: dict[str, str], first: str, second: str) -> dict[str, int]:
     """How two methods' held-out answers (first repeat) compare prompt by prompt: right in both, only
     in `first`, only in `second`, in neither. Two accuracies from the same few prompts differ by the
     prompts one gets right and the other wrong; these counts say how many that is."""
-    answers = rows[rows.repeat == 0].drop_duplicates(["decoder", "prompt_id"]).set_index(["decoder", "prompt_id"]).text
-    shared = sorted(set(answers[first].index) & set(answers[second].index))
-    right = {method: {p for p in shared if quality.sql_exact_match(answers[method][p], gold[p])}
-             for method in (first, second)}
+    matches = answer_matches(rows[rows.decoder.isin([first, second])], gold)
+    shared = set(matches[first].index) & set(matches[second].index)
+    right = {method: {p for p in shared if matches[method][p]} for method in (first, second)}
     return {"both": len(right[first] & right[second]), "only_first": len(right[first] - right[second]),
             "only_second": len(right[second] - right[first]), "neither": len(set(shared) - right[first] - right[second])}
 
@@ -343,6 +347,11 @@ def cost_findings(tables: Tables, params: dict) -> str:
 
 # --- words and headline -----------------------------------------------------------------------------
 
+def speedup_with_interval(line: pd.Series) -> str:
+    """'0.85x (95% CI 0.80-0.91, 30 prompts)' from a summary table's line."""
+    return f"{line.speedup:.2f}x (95% CI {line.speedup_low:.2f}-{line.speedup_high:.2f}, {int(line.prompts)} prompts)"
+
+
 def headline(tables: Tables) -> dict:
     tpf, seen = tables.table.tokens_per_target_forward, tables.tokens_per_forward_by_prompts["training databases"]
     cllm = tables.table.loc[lineups.CLLM_JACOBI]
@@ -350,16 +359,13 @@ def headline(tables: Tables) -> dict:
         "Jacobi tokens/forward, base": round(float(tpf[lineups.BASE_JACOBI]), 3),
         "Jacobi tokens/forward, CLLM": round(float(tpf[lineups.CLLM_JACOBI]), 3),
         "Jacobi tokens/forward, CLLM on training prompts": round(float(seen[lineups.CLLM_JACOBI]), 3),
-        "Jacobi (CLLM) speedup over AR (per token)": (f"{cllm.speedup:.2f}x (95% CI {cllm.speedup_low:.2f}-"
-                                                      f"{cllm.speedup_high:.2f}, {int(cllm.prompts)} prompts)"),
+        "Jacobi (CLLM) speedup over AR (per token)": speedup_with_interval(cllm),
         "CLLM agreement with base greedy": round(float(tables.table.agreement[lineups.CLLM_JACOBI]), 3),
     }
     if tables.cllm_lookahead is not None:
         lookahead = tables.table.loc[tables.cllm_lookahead]
         line[f"{tables.cllm_lookahead}: tokens/forward"] = round(float(lookahead.tokens_per_target_forward), 3)
-        line[f"{tables.cllm_lookahead}: speedup over AR (per token)"] = (
-            f"{lookahead.speedup:.2f}x (95% CI {lookahead.speedup_low:.2f}-{lookahead.speedup_high:.2f}, "
-            f"{int(lookahead.prompts)} prompts)")
+        line[f"{tables.cllm_lookahead}: speedup over AR (per token)"] = speedup_with_interval(lookahead)
     if tables.sql_accuracy is not None:
         accuracy, names = tables.sql_accuracy, accuracy_names(tables.sql_accuracy)
         shares = " / ".join(f"{accuracy.exact_match[method]:.2f}" for method in names)
@@ -427,9 +433,10 @@ def accuracy_findings(tables: Tables, params: dict) -> str:
                  f"the CLLM {pairs['only_second']} the other way ({pairs['both']} right in both, {pairs['neither']} in "
                  f"neither): one prompt is {100 / sum(pairs.values()):.0f} points of accuracy here.")
     if lineups.PRETRAINED_AR in accuracy_names(accuracy):
-        text += (f" The base model is {params['model']} after {params['sft_steps']} steps of fine-tuning "
-                 f"({params['sft_answers_per_step']} answer{'s' * (params['sft_answers_per_step'] != 1)} each) on the gold SQL of the training databases; before "
-                 f"them it matched {accuracy.exact_match[lineups.PRETRAINED_AR]:.0%}.")
+        per_step = params["sft_answers_per_step"]
+        text += (f" The base model is {params['model']} after {params['sft_steps']} steps of fine-tuning ({per_step} "
+                 f"answer{'s' * (per_step != 1)} each) on the gold SQL of the training databases; before them it "
+                 f"matched {accuracy.exact_match[lineups.PRETRAINED_AR]:.0%}.")
     return text
 
 
