@@ -9,12 +9,15 @@ Jacobi decoding live on; the speculative speedup model and the parallel-decoding
 
 from __future__ import annotations
 
+import math
 import time
+from collections.abc import Sequence
 
 import pandas as pd
 import torch
 
 from specdec_lab.decoders.common import clock, forward, new_cache, truncate_cache
+from specdec_lab.memory import kv_cache_bytes
 
 
 def memory_bandwidth(megabytes: int = 512, repeats: int = 5) -> float:
@@ -102,7 +105,7 @@ def linear_kernel_table(in_features: int, out_features: int, rows=(1, 8), dtype=
     linear = torch.nn.Linear(in_features, out_features, bias=False).to(dtype)
     weight_left = WeightLeftLinear(in_features, out_features, bias=False, dtype=dtype)
     weight_left.weight.data = linear.weight.data
-    from specdec_lab.models.load import DTYPE_LABELS
+    from specdec_lab.models.dtypes import DTYPE_LABELS
 
     held = DTYPE_LABELS[dtype]
     layers = {f"{held} x @ W^T (torch default)": linear, f"{held} W @ x^T (kit)": weight_left,
@@ -128,3 +131,18 @@ def linear_kernel_table(in_features: int, out_features: int, rows=(1, 8), dtype=
     if bandwidth:
         table["fraction_of_bandwidth"] = table.gb_per_s * 1e9 / bandwidth
     return table
+
+
+@torch.inference_mode()
+def kv_cache_bytes_at(model, prompt_ids: Sequence[int], num_tokens: int) -> int:
+    """Bytes of the KV cache once it holds `num_tokens` tokens (prompt + generated). The cache's
+    size does not depend on which tokens they are, so one forward pass over the prompt, repeated to
+    length, stands in for a whole generation."""
+    prompt_ids = list(prompt_ids)
+    if num_tokens < 1 or not prompt_ids:
+        raise ValueError(f"need a non-empty prompt and num_tokens >= 1, got {len(prompt_ids)} tokens "
+                         f"and num_tokens={num_tokens}")
+    token_ids = (prompt_ids * math.ceil(num_tokens / len(prompt_ids)))[:num_tokens]
+    cache = new_cache(model)
+    forward(model, token_ids, cache, logits_to_keep=1)
+    return kv_cache_bytes(cache)

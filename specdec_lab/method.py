@@ -1,12 +1,21 @@
-"""The one record that describes a decoding method: what it is (lossless or not, its role, whose
-implementation, its parameters) and how to run it. Line-ups, the benchmark, metrics, plots and the
-summary read these attributes; nothing parses a display name.
+"""The records that describe a decoding method: what it is (lossless or not, its role, whose
+implementation, its candidate source and the weights it runs) and how to run it. Line-ups, the
+benchmark, the picker, metrics, plots and the summary read these attributes; nothing parses a
+display name or reads a method's settings back by string key.
+
+- `CandidateSource`: where a method's guessed tokens come from (a draft model, prompt lookup, the
+  hybrid, lookahead's n-gram pool, Jacobi iterations) and the settings that make it what it is.
+- `Weights`: which quantization of which model a method runs (notebook 03's variants and pairs).
+- `Method`: the two above, plus the callable and the declared `lossless` and `role`.
+
+A result row carries every field of the first two as a plain column (`Method.labels`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+import math
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, fields
 
 from specdec_lab.result import GenerationResult
 
@@ -18,6 +27,140 @@ ROLES = (
     "lossy",  # returns another model's text in place of the target's (draft-then-score)
 )
 IMPLEMENTATIONS = ("ours", "transformers", "llama.cpp")
+SOURCE_KINDS = ("draft model", "draft model, other tokenizer", "prompt lookup", "hybrid", "lookahead", "jacobi")
+SCHEDULES = ("constant", "heuristic")  # draft-length schedules: k fixed, or transformers' +2 / -1 heuristic
+MATCH_RULES = ("longest", "latest", "first")  # which earlier occurrence prompt lookup continues
+
+
+@dataclass(frozen=True)
+class HybridSettings:
+    """The hybrid candidate source's defaults the draft picker chooses among (`HybridCandidates`
+    takes them as its arguments of the same names)."""
+
+    prior_acceptance: float = 0.6  # the draft's acceptance assumed before any evidence
+    extend_lookups: bool = True  # a lookup that runs out is continued by the draft
+
+    def label(self) -> str:
+        return ", ".join(f"{name}={value}" for name, value in asdict(self).items())
+
+
+@dataclass(frozen=True)
+class LookaheadConfig:
+    """Lookahead decoding's window W, n-gram size N and G candidate n-grams verified a pass (None:
+    G = W, the paper's default), and whether the prompt's own n-grams seed the pool."""
+
+    window: int
+    ngram_size: int
+    candidates: int | None = None
+    pool_from_prompt: bool = False
+
+    def __post_init__(self):
+        if self.candidates is None:
+            object.__setattr__(self, "candidates", self.window)
+
+    @classmethod
+    def from_mapping(cls, config) -> "LookaheadConfig":
+        """From a parameter file's {window, ngram_size, candidates?, pool_from_prompt?}."""
+        return config if isinstance(config, cls) else cls(**config)
+
+    @property
+    def tokens_per_pass(self) -> int:
+        """Tokens in one steady-state pass: the current token, the full window, G full n-grams."""
+        return 1 + (self.window + self.candidates) * (self.ngram_size - 1)
+
+    def label(self) -> str:
+        """W, N, G as the paper names them, and whether the prompt's n-grams seed the pool."""
+        return (f"W={self.window} N={self.ngram_size} G={self.candidates}"
+                + (" + prompt n-grams" if self.pool_from_prompt else ""))
+
+
+@dataclass(frozen=True)
+class CandidateSource:
+    """What proposes the tokens a method verifies, with every setting that changes its proposals.
+    Fields a kind does not use stay None. Two methods with equal records propose alike, so the
+    picker's predictions and the line-up's measurements are joined on this record."""
+
+    kind: str
+    implementation: str = "ours"
+    k: int | None = None  # tokens proposed a step (the start of an adaptive schedule)
+    schedule: str | None = None  # a draft length's schedule, one of SCHEDULES
+    confidence_threshold: float | None = None  # the draft stops below this top probability (0: never)
+    match: str | None = None  # prompt lookup's rule, one of MATCH_RULES
+    max_ngram: int | None = None  # prompt lookup's longest n-gram
+    prompt_lookup_k: int | None = None  # the hybrid's lookup length
+    hybrid: HybridSettings | None = None
+    lookahead: LookaheadConfig | None = None
+    block_size: int | None = None  # Jacobi's block
+    init: str | None = None  # Jacobi's initial guess
+
+    def __post_init__(self):
+        if self.kind not in SOURCE_KINDS:
+            raise ValueError(f"unknown candidate source kind {self.kind!r}: use one of {SOURCE_KINDS}")
+        if self.implementation not in IMPLEMENTATIONS:
+            raise ValueError(f"unknown implementation {self.implementation!r}: use one of {IMPLEMENTATIONS}")
+        if self.schedule is not None and self.schedule not in SCHEDULES:
+            raise ValueError(f"unknown draft-length schedule {self.schedule!r}: use one of {SCHEDULES}")
+        if self.match is not None and self.match not in MATCH_RULES:
+            raise ValueError(f"unknown prompt-lookup match rule {self.match!r}: use one of {MATCH_RULES}")
+
+
+
+NESTED = {"hybrid": HybridSettings, "lookahead": LookaheadConfig}  # source fields that are records
+INTEGER_COLUMNS = {"k", "max_ngram", "prompt_lookup_k", "block_size", "lookahead_window", "lookahead_ngram_size",
+                   "lookahead_candidates"}  # read back as ints (a frame with missing values holds them as floats)
+
+
+def source_columns(source: CandidateSource | None) -> dict:
+    """Every column a source record gives a row (all None for a method without one, plain AR, so
+    every row of a frame has the same columns): `source_kind`, `k`, `schedule`, ..., and the
+    nested settings prefixed with their field's name (`hybrid_prior_acceptance`, `lookahead_window`).
+    The implementation is the method's own column."""
+    columns = {}
+    for item in fields(CandidateSource):
+        value = getattr(source, item.name) if source is not None else None
+        if item.name == "implementation":
+            continue
+        if item.name in NESTED:
+            columns.update({f"{item.name}_{sub.name}": getattr(value, sub.name) if value is not None else None
+                            for sub in fields(NESTED[item.name])})
+        else:
+            columns["source_kind" if item.name == "kind" else item.name] = value
+    return columns
+
+
+def source_from_columns(columns, implementation: str) -> CandidateSource | None:
+    """The record back from a row's or a table line's columns (`source_columns`' inverse; None for a
+    method without a source). Missing values read as None, whole numbers as ints."""
+    def value(name):
+        found = columns.get(name) if hasattr(columns, "get") else getattr(columns, name, None)
+        if found is None or (isinstance(found, float) and math.isnan(found)):
+            return None
+        return int(found) if isinstance(found, float) and found.is_integer() and name in INTEGER_COLUMNS else found
+
+    if value("source_kind") is None:
+        return None
+    plain = {item.name: value("source_kind" if item.name == "kind" else item.name) for item in fields(CandidateSource)
+             if item.name not in NESTED and item.name != "implementation"}
+    nested = {name: record(**{sub.name: value(f"{name}_{sub.name}") for sub in fields(record)})
+              for name, record in NESTED.items() if value(f"{name}_{fields(record)[0].name}") is not None}
+    return CandidateSource(implementation=implementation, **plain, **nested)
+
+
+@dataclass(frozen=True)
+class Weights:
+    """Which weights a method runs: the model's role, its quantization (of the target, for a pair)
+    and, for a speculative pair, the draft's (`self_draft`: the draft is the target's own model)."""
+
+    model_role: str = "target"
+    quantization: str = "none"
+    draft_quantization: str | None = None
+    self_draft: bool | None = None
+
+    def columns(self) -> dict:
+        return asdict(self)
+
+
+NO_WEIGHTS = {name: None for name in ("model_role", "quantization", "draft_quantization", "self_draft")}
 
 
 @dataclass(frozen=True)
@@ -35,7 +178,8 @@ class Method:
     lossless: bool
     role: str
     implementation: str = "ours"
-    params: Mapping[str, object] = field(default_factory=dict)
+    source: CandidateSource | None = None
+    weights: Weights | None = None
 
     def __post_init__(self):
         if self.role not in ROLES:
@@ -43,14 +187,19 @@ class Method:
         if self.implementation not in IMPLEMENTATIONS:
             raise ValueError(f"unknown implementation {self.implementation!r} for method {self.name!r}: "
                              f"use one of {IMPLEMENTATIONS}")
+        if self.source is not None and self.source.implementation != self.implementation:
+            raise ValueError(f"method {self.name!r} is implemented by {self.implementation!r} but its candidate "
+                             f"source says {self.source.implementation!r}: give both the same implementation")
 
     def __call__(self, prompt_ids) -> GenerationResult:
         return self.decode(prompt_ids)
 
     def labels(self) -> dict:
-        """What a result row records about the method."""
+        """What a result row records about the method: its declared properties, then its source's
+        and its weights' fields as plain columns."""
         return {"decoder": self.name, "lossless": self.lossless, "role": self.role,
-                "implementation": self.implementation, "method_params": dict(self.params)}
+                "implementation": self.implementation, **source_columns(self.source),
+                **(self.weights.columns() if self.weights is not None else NO_WEIGHTS)}
 
 
 def the_one(methods, role: str) -> Method:

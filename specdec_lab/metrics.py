@@ -10,11 +10,38 @@ per-prompt medians over repeats, and carries a 95% bootstrap interval over promp
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import numpy as np
 import pandas as pd
 
+from specdec_lab.cost_model import acceptance_alpha, predicted_speedup
 from specdec_lab.quality import greedy_agreement
+
+GEOMETRIC_MEAN = "geometric mean over prompts"  # the aggregate of every Speedup `over_prompts` makes
+
+
+@dataclass(frozen=True)
+class Speedup:
+    """A ratio aggregated over prompts, with its 95% bootstrap interval and the prompt count. What
+    tables store as `<name>`, `<name>_low`, `<name>_high` and `prompts` columns; `words.interval`
+    is its one way into a sentence."""
+
+    value: float
+    low: float
+    high: float
+    prompts: int
+    aggregate: str = GEOMETRIC_MEAN
+
+    @classmethod
+    def from_line(cls, line, column: str = "speedup", prompts: str = "prompts") -> "Speedup":
+        """From a table line (a Series or a namedtuple) with `column`, `column_low`, `column_high`."""
+        get = line.get if hasattr(line, "get") else lambda name: getattr(line, name)
+        return cls(float(get(column)), float(get(f"{column}_low")), float(get(f"{column}_high")), int(get(prompts)))
+
+    def columns(self, name: str = "speedup") -> dict:
+        """The table columns this record fills."""
+        return {name: self.value, f"{name}_low": self.low, f"{name}_high": self.high, "prompts": self.prompts}
 
 
 def reference_tokens(rows: pd.DataFrame, decoder: str) -> pd.Series:
@@ -83,6 +110,14 @@ def bootstrap_interval(per_prompt, level: float = 0.95, resamples: int = 2000, s
     return float(np.exp(np.percentile(draws, tail))), float(np.exp(np.percentile(draws, 100 - tail)))
 
 
+def over_prompts(per_prompt) -> Speedup:
+    """The one aggregate over prompts: the geometric mean of one value per prompt (ratios multiply),
+    its 95% bootstrap interval and the number of prompts."""
+    values = list(per_prompt)
+    low, high = bootstrap_interval(values)
+    return Speedup(geometric_mean(values), low, high, len(values))
+
+
 def decode_tokens_per_second(rows: pd.DataFrame) -> pd.Series:
     """Per row: tokens after the first over the time after the first, i.e. decoding alone, the
     regime the memory-bandwidth bound describes (one read of the weights per step). The prefill
@@ -101,11 +136,8 @@ def per_prompt(values: pd.DataFrame, column: str) -> pd.DataFrame:
 def aggregate(values: pd.DataFrame, column: str) -> pd.DataFrame:
     """Per decoder: geometric mean over prompts of the per-prompt median of `column`, its 95%
     bootstrap interval (`<column>_low`, `<column>_high`) and the number of prompts."""
-    records = []
-    for decoder, group in per_prompt(values, column).groupby("decoder", sort=False):
-        low, high = bootstrap_interval(group[column])
-        records.append({"decoder": decoder, column: geometric_mean(group[column]), f"{column}_low": low,
-                        f"{column}_high": high, "prompts": group.prompt_id.nunique()})
+    records = [{"decoder": decoder, **over_prompts(group[column]).columns(column)}
+               for decoder, group in per_prompt(values, column).groupby("decoder", sort=False)]
     return pd.DataFrame(records).set_index("decoder")
 
 
@@ -156,53 +188,6 @@ def acceptance_by_position(rows: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(records, columns=["decoder", "position", "steps", "acceptance"])
 
 
-def acceptance_alpha(accepted_per_step, proposed_per_step) -> float:
-    """Per-token acceptance probability alpha (Leviathan's i.i.d. model) from the counts actually
-    proposed: accepted tokens / (accepted tokens + rejections), a rejection being a step that kept
-    fewer than it proposed. Steps near the end propose fewer tokens and count as they were."""
-    accepted = rejected = 0
-    for kept_steps, proposed_steps in zip(accepted_per_step, proposed_per_step):
-        for kept, proposed in zip(kept_steps, proposed_steps):
-            accepted += kept
-            rejected += kept < proposed
-    return accepted / (accepted + rejected) if accepted + rejected else float("nan")
-
-
-def predicted_speedup(alpha: float, k: int, cost_ratio: float) -> float:
-    """Leviathan et al. (2023), eq. 1: expected walltime improvement with acceptance rate alpha,
-    draft length k and c = draft step time / target step time."""
-    if alpha >= 1.0:
-        return (k + 1) / (k * cost_ratio + 1)
-    return (1 - alpha ** (k + 1)) / ((1 - alpha) * (k * cost_ratio + 1))
-
-
-def cost_at(curve: pd.Series, n: float) -> float:
-    """T(n) (or T(n) / T(1)) from a curve indexed by n: linear between measured n, flat beyond its ends."""
-    curve = curve.sort_index()
-    return float(np.interp(n, curve.index.to_numpy(dtype=float), curve.to_numpy(dtype=float)))
-
-
-def predicted_speedup_from_costs(alpha: float, k: int, target_ms: pd.Series, draft_ms_per_token: float) -> float:
-    """Leviathan's expected tokens per step, (1 - alpha^(k+1)) / (1 - alpha), with each step's
-    measured cost: k draft tokens plus one target forward over k + 1 tokens, T(k+1), against T(1)
-    per token for AR. `target_ms` is T(n) indexed by n (linearly interpolated between measured n).
-    With T(k+1) = T(1) and draft = c * T(1) this is eq. 1 (`predicted_speedup`)."""
-    if 1 not in target_ms.index or not k + 1 <= target_ms.index.max():  # never extrapolated
-        raise ValueError(f"need T(1) and T(n) up to n = k + 1 = {k + 1}, measured n: {sorted(target_ms.index)}: "
-                         "measure the cost curve over a range that covers the draft lengths")
-    tokens = k + 1 if alpha >= 1.0 else (1 - alpha ** (k + 1)) / (1 - alpha)
-    return tokens * cost_at(target_ms, 1) / (k * draft_ms_per_token + cost_at(target_ms, k + 1))
-
-
-def best_k_from_costs(alpha: float, target_ms: pd.Series, draft_ms_per_token: float) -> tuple[int, float]:
-    """The draft length with the highest `predicted_speedup_from_costs` among those the cost curve
-    covers (k + 1 <= the largest measured n), and that speedup."""
-    k_values = range(1, int(target_ms.index.max()))
-    predicted = {k: predicted_speedup_from_costs(alpha, k, target_ms, draft_ms_per_token) for k in k_values}
-    best = max(predicted, key=predicted.get)
-    return best, predicted[best]
-
-
 def cost_ratio(draft_ar_rows: pd.DataFrame, target_ar_rows: pd.DataFrame) -> float:
     """c = draft step time / target step time, from plain AR runs of both models (median ms/token)."""
     return float(draft_ar_rows.ms_per_token.median() / target_ar_rows.ms_per_token.median())
@@ -211,12 +196,8 @@ def cost_ratio(draft_ar_rows: pd.DataFrame, target_ar_rows: pd.DataFrame) -> flo
 def recommended_k(sweep: pd.DataFrame) -> pd.DataFrame:
     """Per prompt category, the draft length k with the highest measured speedup (geometric mean
     over prompts), with its interval and prompt count. `sweep` has one row per (k, prompt, repeat)."""
-    records = []
-    for (category, k), group in sweep.groupby(["category", "k"]):
-        speed = group.groupby("prompt_id").speedup.median()
-        low, high = bootstrap_interval(speed)
-        records.append({"category": category, "k": k, "speedup": geometric_mean(speed), "speedup_low": low,
-                        "speedup_high": high, "prompts": len(speed)})
+    records = [{"category": category, "k": k, **over_prompts(group.groupby("prompt_id").speedup.median()).columns()}
+               for (category, k), group in sweep.groupby(["category", "k"])]
     by_k = pd.DataFrame(records)
     best = by_k.loc[by_k.groupby("category").speedup.idxmax()]
     return best.rename(columns={"k": "recommended_k"}).reset_index(drop=True)
@@ -239,20 +220,16 @@ def k_sweep(rows: pd.DataFrame, k_of: dict[str, int], baseline: str, c: float) -
 
 def predicted_vs_measured(sweep: pd.DataFrame) -> pd.DataFrame:
     """One point per (category, k): measured speedup (geometric mean over prompts) and the predicted one."""
-    records = []
-    for (category, k), group in sweep.groupby(["category", "k"]):
-        speed = group.groupby("prompt_id").speedup.median()
-        low, high = bootstrap_interval(speed)
-        records.append({"category": category, "k": k, "speedup": geometric_mean(speed), "speedup_low": low,
-                        "speedup_high": high, "prompts": len(speed), "predicted_speedup": group.predicted_speedup.mean(),
-                        "alpha": group.alpha.mean(), "cost_ratio": group.cost_ratio.mean()})
+    records = [{"category": category, "k": k, **over_prompts(group.groupby("prompt_id").speedup.median()).columns(),
+                "predicted_speedup": group.predicted_speedup.mean(), "alpha": group.alpha.mean(),
+                "cost_ratio": group.cost_ratio.mean()}
+               for (category, k), group in sweep.groupby(["category", "k"])]
     table = pd.DataFrame(records)
     table["label"] = table.category + " k=" + table.k.astype(str)
     return table
 
 
-def mean_speedup(rows: pd.DataFrame, decoder: str, baseline: str) -> tuple[float, float, float, int]:
+def mean_speedup(rows: pd.DataFrame, decoder: str, baseline: str) -> Speedup:
     """`decoder`'s speedup over `baseline` (per-token time, side by side): geometric mean over
     prompts, its 95% interval and the prompt count."""
-    table = speedup_table(rows[rows.decoder.isin([decoder, baseline])], baseline).loc[decoder]
-    return table.speedup, table.speedup_low, table.speedup_high, int(table.prompts)
+    return Speedup.from_line(speedup_table(rows[rows.decoder.isin([decoder, baseline])], baseline).loc[decoder])

@@ -16,8 +16,9 @@ from specdec_lab import models
 from specdec_lab.cllm.constants import CONSISTENCY_KINDS, CONSISTENCY_TARGETS, MIXED_PRECISION
 from specdec_lab.decoders import lookahead
 from specdec_lab.decoders.jacobi import INITS
+from specdec_lab.method import SCHEDULES
 from specdec_lab.models import quantize, zoo
-from specdec_lab.runs.paths import NOTEBOOKS_DIR
+from specdec_lab.runs.paths import NOTEBOOKS_DIR, PARAMS_DIR
 
 
 class ParameterError(ValueError):
@@ -102,7 +103,7 @@ def _quantization_list(name: str, value) -> str | None:
 
 
 def _schedule_list(name: str, value) -> str | None:
-    choices = ["constant", "heuristic"]  # lineups.SCHEDULES (params sits below the experiments)
+    choices = list(SCHEDULES)
     if not isinstance(value, list) or not value or any(v not in choices for v in value):
         return f"{name} must be a non-empty list of draft-length schedules from {choices}, got {value!r}"
     return None
@@ -306,6 +307,13 @@ def load_yaml(path: str | Path) -> dict:
     if not isinstance(values, dict):
         raise ParameterError(f"{path}: expected a mapping of parameter: value, got {type(values).__name__}")
     return values
+
+
+def profile_values(notebook: str, profile: str) -> dict:
+    """The parameters `profile`'s file gives `notebook`, over the notebook's defaults, as papermill
+    runs it (empty when the profile has no file for it)."""
+    path = PARAMS_DIR / profile / f"{notebook}.yaml"
+    return {**notebook_defaults(notebook), **load_yaml(path)} if path.exists() else {}
 
 
 def validate_notebook_globals(notebook: str, namespace: Mapping) -> dict:

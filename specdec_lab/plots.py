@@ -29,12 +29,13 @@ def speed_and_memory(rows: pd.DataFrame, title: str = "Latency, throughput and m
     return _finish(fig, title)
 
 
-def interval_bars(ax, labels, table: pd.DataFrame, colors=None, hatched=None, invert: bool = True) -> None:
-    """Horizontal bars at `speedup`, error lines spanning [`speedup_low`, `speedup_high`] (95%
-    bootstrap interval over prompts), each labelled with its value and prompt count n."""
-    values = table.speedup.to_numpy()
-    low = (table.speedup - table.speedup_low).fillna(0).clip(lower=0).to_numpy()
-    high = (table.speedup_high - table.speedup).fillna(0).clip(lower=0).to_numpy()
+def interval_bars(ax, labels, table: pd.DataFrame, colors=None, hatched=None, invert: bool = True,
+                  column: str = "speedup") -> None:
+    """Horizontal bars at `column` (a speedup), error lines spanning [`column`_low, `column`_high]
+    (95% bootstrap interval over prompts), each labelled with its value and prompt count n."""
+    values = table[column].to_numpy()
+    low = (table[column] - table[f"{column}_low"]).fillna(0).clip(lower=0).to_numpy()
+    high = (table[f"{column}_high"] - table[column]).fillna(0).clip(lower=0).to_numpy()
     bars = ax.barh(list(labels), values, xerr=[low, high], color=colors, capsize=3, ecolor="black")
     for bar, value, prompts, hatch in zip(bars, values, table.prompts, hatched if hatched is not None else [False] * len(values)):
         ax.annotate(f"{value:.2f}x  (n={int(prompts)})", (bar.get_width(), bar.get_y() + bar.get_height() / 2),
@@ -47,11 +48,13 @@ def interval_bars(ax, labels, table: pd.DataFrame, colors=None, hatched=None, in
     ax.axvline(1.0, color="gray", linestyle="--")
 
 
-def speedup_bars(table: pd.DataFrame, title: str = "Speedup over autoregressive decoding", baseline: str = "AR"):
+def speedup_bars(table: pd.DataFrame, title: str = "Speedup over autoregressive decoding", baseline: str = "AR",
+                 column: str = "speedup"):
     """One bar per method (index) from `metrics.summary` / `metrics.speedup_table`: per-token speedup
-    over `baseline`, geometric mean over prompts, with its 95% interval; the dashed line is 1x."""
+    over `baseline` (`column`, with `column`_low and _high), geometric mean over prompts, with its
+    95% interval; the dashed line is 1x."""
     fig, ax = plt.subplots(figsize=(9, 0.55 * len(table) + 1.5))
-    interval_bars(ax, table.index, table, colors=sns.color_palette("tab10", len(table)))
+    interval_bars(ax, table.index, table, colors=sns.color_palette("tab10", len(table)), column=column)
     ax.set(xlabel=f"speedup: {baseline} ms/token ÷ method ms/token, side by side (geometric mean over prompts, 95% CI)",
            ylabel="")
     return _finish(fig, title)

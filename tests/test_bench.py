@@ -7,7 +7,7 @@ import pytest
 
 from specdec_lab.data import Prompt
 from specdec_lab.decoders import autoregressive
-from specdec_lab.method import Method
+from specdec_lab.method import Method, Weights
 from specdec_lab.runs import bench, jsonl
 from tiny import tiny_llama
 
@@ -42,7 +42,7 @@ class Counting:
 def decoders(**counting) -> list[Method]:
     model = tiny_llama()
     counted = Counting(partial(autoregressive.generate, model, max_new_tokens=6, stop_ids=[]), **counting)
-    return [Method("ar", counted, lossless=True, role="target AR", params={"max_new_tokens": 6})]
+    return [Method("ar", counted, lossless=True, role="target AR", source=None, weights=Weights("target", "none"))]
 
 
 def test_rows_are_written_as_produced_and_a_rerun_resumes(tmp_path):
@@ -135,7 +135,8 @@ def test_rows_carry_derived_numbers_and_environment(tmp_path):
     assert row.num_tokens == 6 and row.tokens_per_second > 0 and row.target_forwards == 6
     assert row.env["torch"] and row.text == " ".join(map(str, row.tokens))
     # the method's declared properties travel with every row: tables select by them, never by name
-    assert row.decoder == "ar" and row.lossless and row.role == "target AR" and row.method_params == {"max_new_tokens": 6}
+    assert row.decoder == "ar" and row.lossless and row.role == "target AR"
+    assert row.model_role == "target" and row.quantization == "none" and row.source_kind is None
 
 
 def test_method_names_must_be_unique(tmp_path):

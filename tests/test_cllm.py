@@ -17,7 +17,7 @@ from specdec_lab.cllm.trajectories import Sample
 from specdec_lab.data import Prompt
 from specdec_lab.decoders import autoregressive
 from specdec_lab.experiments import cllm as evaluate
-from specdec_lab.experiments import lineups
+from specdec_lab.experiments import cllm_tables, lineups
 from specdec_lab.quality import common_prefix_length
 from tiny import tiny_llama
 
@@ -309,10 +309,10 @@ def test_block_table_has_one_row_per_block(loaded):
     from specdec_lab.decoders import jacobi
     result = jacobi.generate(loaded.model, [3, 4, 5], 20, block_size=6, stop_ids=[])
     rows = pd.DataFrame([{"decoder": "Jacobi", "prompt_id": "p", "repeat": 0, "jacobi": result.to_dict()["jacobi"]}])
-    blocks = evaluate.block_table(rows)
+    blocks = cllm_tables.block_table(rows)
     assert len(blocks) == len(result.jacobi.blocks)
     assert blocks.iterations.sum() == len(result.accepted_per_step)
-    summary = evaluate.block_summary(blocks)
+    summary = cllm_tables.block_summary(blocks)
     assert summary.loc["Jacobi", "blocks"] == len(blocks)
 
 
@@ -323,7 +323,7 @@ def test_seen_and_held_out_labels_the_jacobi_rows_of_each_side():
                              for name, value in tokens_per_forward.items()])
     seen = rows({lineups.BASE_JACOBI: 1.1, lineups.CLLM_JACOBI: 1.8})
     held_out = rows({lineups.BASE_AR: 1.0, lineups.BASE_JACOBI: 1.05, lineups.CLLM_JACOBI: 1.2})
-    both = evaluate.seen_and_held_out(seen, held_out)
+    both = cllm_tables.seen_and_held_out(seen, held_out)
     assert lineups.BASE_AR not in set(both.decoder)
     table = both.pivot_table(index="decoder", columns="prompts", values="tokens_per_target_forward")
     assert table.loc[lineups.CLLM_JACOBI, "training databases"] == 1.8

@@ -7,8 +7,9 @@ import pandas as pd
 import pytest
 
 from specdec_lab.cllm import train
-from specdec_lab.experiments import cllm, common, lineups, speculative, summary
-from specdec_lab.method import Method
+from specdec_lab.experiments import (cllm, cllm_tables, cllm_words, common, lineups, speculative_tables,
+                                     speculative_words, summary)
+from specdec_lab.method import HybridSettings, Method, source_columns
 from specdec_lab.runs import outputs
 
 
@@ -20,8 +21,8 @@ def row(decoder, prompt_id="p", repeat=0, tokens=(1, 2, 3), wall_time_s=1.0, tar
 # --- 02: focus category and the fp32 control ------------------------------------------------------
 
 def test_focus_category_is_code_when_present_else_the_first():
-    assert speculative.focus_category(pd.DataFrame({"category": ["writing", "code"]})) == "code"
-    assert speculative.focus_category(pd.DataFrame({"category": ["writing", "math"]})) == "writing"
+    assert speculative_tables.focus_category(pd.DataFrame({"category": ["writing", "code"]})) == "code"
+    assert speculative_tables.focus_category(pd.DataFrame({"category": ["writing", "math"]})) == "writing"
 
 
 def test_fp32_control_flags_a_declared_lossless_method_that_disagrees():
@@ -31,42 +32,45 @@ def test_fp32_control_flags_a_declared_lossless_method_that_disagrees():
         row("prompt lookup k=5 (ours)", lossless=True, full_match=False),  # a bug: declared lossless, differs
         row("draft-then-score (blog; not lossless)", lossless=False, full_match=False),  # allowed to differ
     ])
-    assert list(speculative.control_mismatches(control).decoder) == ["prompt lookup k=5 (ours)"]
-    assert "1 fp32 samples differ" in speculative.control_findings(control)
-    assert "agree exactly" in speculative.control_findings(control[control.decoder != "prompt lookup k=5 (ours)"])
+    assert list(speculative_tables.control_mismatches(control).decoder) == ["prompt lookup k=5 (ours)"]
+    assert "1 fp32 samples differ" in speculative_words.control_findings(control)
+    assert "agree exactly" in speculative_words.control_findings(control[control.decoder != "prompt lookup k=5 (ours)"])
 
 
 # --- 02: the draft picker's predictions matched to the measured rows ------------------------------
 
 def test_picker_predictions_are_matched_to_the_rows_that_measured_the_same_source():
-    """Catches a key that never matches (a None schedule read back as NaN, an int64 k) and a
-    source matched to the peer's row or the wrong category."""
+    """Catches a record that never matches (a None schedule read back as NaN, a k read back as a
+    float), a source matched to the peer's row, to the wrong category, or to a hybrid with other
+    settings."""
     from specdec_lab.experiments import picker
 
-    measured = {  # decoder: (method params, implementation, wall time of 8 tokens; AR takes 1.0 s)
-        "spec adaptive": ({"source": "draft model", "k": 5, "schedule": "heuristic"}, "ours", 0.5),
-        "assisted adaptive": ({"source": "draft model", "k": 5, "schedule": "heuristic"}, "transformers", 0.25),
-        "lookup ours": ({"source": "prompt lookup", "k": 10, "match": "longest", "schedule": "heuristic"}, "ours", 0.2),
-        "lookup theirs": ({"source": "prompt lookup", "k": 10, "max_ngram": 2, "match": "first"}, "transformers", 0.4),
-        "hybrid": ({"source": "hybrid", "k": 5, "prompt_lookup_k": 10}, "ours", 0.8),
+    measured = {  # decoder: (its source, wall time of 8 tokens; AR takes 1.0 s)
+        "spec adaptive": (lineups.draft_source(5, "heuristic", 0.4), 0.5),
+        "assisted adaptive": (lineups.draft_source(5, "heuristic", 0.4, "transformers"), 0.25),
+        "lookup ours": (lineups.prompt_lookup_source(10), 0.2),
+        "lookup theirs": (lineups.prompt_lookup_source(10, implementation="transformers"), 0.4),
+        "hybrid": (lineups.hybrid_source(5, 10, HybridSettings()), 0.8),
     }
-    rows = [row(lineups.TARGET_AR, p, tokens=range(8), wall_time_s=1.0, method_params={}, implementation="ours",
-                category="code") for p in ("a", "b")]
-    rows += [row(name, p, tokens=range(8), wall_time_s=wall, method_params=params, implementation=impl, category="code")
-             for name, (params, impl, wall) in measured.items() for p in ("a", "b")]
+    rows = [row(lineups.TARGET_AR, p, tokens=range(8), wall_time_s=1.0, implementation="ours", category="code",
+                **source_columns(None)) for p in ("a", "b")]
+    rows += [row(name, p, tokens=range(8), wall_time_s=wall, implementation=source.implementation, category="code",
+                 **source_columns(source)) for name, (source, wall) in measured.items() for p in ("a", "b")]
     predictions = pd.DataFrame([
-        {"source": name, "kind": kind, "k": k, "schedule": schedule, "implementation": impl, "prompt_id": "c",
+        {"source": name, **source_columns(source), "implementation": source.implementation, "prompt_id": "c",
          "category": "code", "tokens_per_target_forward": 2.0, "predicted_speedup": 2.2}
-        for name, kind, k, schedule, impl in [("draft adaptive", "draft model", 5, "heuristic", "ours"),
-                                              ("lookup", "prompt lookup", 10, "heuristic", "ours"),
-                                              ("lookup, their rule", "prompt lookup", 10, None, "transformers"),
-                                              ("hybrid", "hybrid", 5, None, "ours"),
-                                              ("draft k=3", "draft model", 3, "constant", "ours")]])
+        for name, source in [("draft adaptive", lineups.draft_source(5, "heuristic", 0.4)),
+                             ("lookup", lineups.prompt_lookup_source(10)),
+                             ("lookup, their rule", lineups.prompt_lookup_source(10, implementation="transformers")),
+                             ("hybrid", lineups.hybrid_source(5, 10, HybridSettings())),
+                             ("hybrid, other settings", lineups.hybrid_source(5, 10, HybridSettings(0.3, False))),
+                             ("draft k=3", lineups.draft_source(3))]])
     predicted = picker.per_category(predictions)
     same_prompts = predicted.assign(predicted_speedup=1.8)
-    table = speculative.picked_vs_measured(predicted, same_prompts, pd.DataFrame(rows)).set_index("source")
+    table = speculative_tables.picked_vs_measured(predicted, same_prompts, pd.DataFrame(rows)).set_index("source")
     assert table.measured_as.dropna().to_dict() == {"draft adaptive": "spec adaptive", "lookup": "lookup ours",
                                                     "lookup, their rule": "lookup theirs", "hybrid": "hybrid"}
+    assert table.measured_prompts["hybrid, other settings"] == 0
     assert table.measured_prompts["draft k=3"] == 0  # not in the line-up
     assert table.speedup["draft adaptive"] == pytest.approx(2.0) and table.measured_prompts["draft adaptive"] == 2
     assert table.error["draft adaptive"] == pytest.approx(0.1)
@@ -82,35 +86,35 @@ def test_hybrid_targets_compare_with_the_best_single_method_and_the_floor_where_
 
     from specdec_lab import metrics
 
-    walls = {  # decoder: (method params, lossless, wall time of 8 tokens per (category, prompt); AR takes 1.0 s)
-        "lookup": ({"source": "prompt lookup"}, True, {"code": [0.25, 0.3, 0.2], "qa": [1.0, 1.1, 0.9]}),
-        "draft": ({"source": "draft model"}, True, {"code": [0.8, 0.7, 0.9], "qa": [1.2, 0.9, 1.05]}),
-        "draft-then-score": ({"source": "draft model"}, False, {"code": [0.1] * 3, "qa": [0.1] * 3}),
-        "hybrid": ({"source": "hybrid"}, True, {"code": [0.24, 0.28, 0.2], "qa": [1.0, 1.02, 1.05]}),
+    walls = {  # decoder: (source kind, lossless, wall time of 8 tokens per (category, prompt); AR takes 1.0 s)
+        "lookup": ("prompt lookup", True, {"code": [0.25, 0.3, 0.2], "qa": [1.0, 1.1, 0.9]}),
+        "draft": ("draft model", True, {"code": [0.8, 0.7, 0.9], "qa": [1.2, 0.9, 1.05]}),
+        "draft-then-score": (None, False, {"code": [0.1] * 3, "qa": [0.1] * 3}),
+        "hybrid": ("hybrid", True, {"code": [0.24, 0.28, 0.2], "qa": [1.0, 1.02, 1.05]}),
     }
     rows = []
     for category in ("code", "qa"):
         for i in range(3):
             prompt = f"{category}-{i}"
-            rows.append(row(lineups.TARGET_AR, prompt, tokens=range(8), wall_time_s=1.0, method_params={},
+            rows.append(row(lineups.TARGET_AR, prompt, tokens=range(8), wall_time_s=1.0, source_kind=None,
                             lossless=True, category=category))
-            rows += [row(name, prompt, tokens=range(8), wall_time_s=wall[category][i], method_params=params,
-                         lossless=lossless, category=category) for name, (params, lossless, wall) in walls.items()]
+            rows += [row(name, prompt, tokens=range(8), wall_time_s=wall[category][i], source_kind=kind,
+                         lossless=lossless, category=category) for name, (kind, lossless, wall) in walls.items()]
     rows = metrics.add_agreement(pd.DataFrame(rows), lineups.TARGET_AR).assign(
         acceptance_rate=0.5, peak_memory_bytes=2**20, time_to_first_token_s=0.1, tokens_per_target_forward=1.0)
     rows["tokens_per_second"] = 8 / rows.wall_time_s
     rows["ms_per_token"] = 1000 * rows.wall_time_s / 8
-    tables = SimpleNamespace(rows=rows, by_category=speculative.by_category(rows))
-    targets = speculative.hybrid_targets(tables)
+    tables = SimpleNamespace(rows=rows, by_category=speculative_tables.by_category(rows))
+    targets = speculative_tables.hybrid_targets(tables)
     assert targets["best single method"].to_dict() == {"code": "lookup", "qa": "lookup"}
     assert targets.loc["code", "hybrid / best"] == pytest.approx((0.25 * 0.3 * 0.2 / (0.24 * 0.28 * 0.2)) ** (1 / 3))
     assert targets["nothing helps"].to_dict() == {"code": False, "qa": True}
     assert targets.loc["code", "at least the floor"] is None
     assert targets.loc["qa", "hybrid over AR"] == pytest.approx((1 / (1.0 * 1.02 * 1.05)) ** (1 / 3))
     assert bool(targets.loc["qa", "at least the floor"])  # 0.98x >= 0.97x
-    text = speculative.hybrid_findings(targets)
+    text = speculative_words.hybrid_findings(targets)
     assert "No single method is shown to help here" in text and "**met**" in text
-    assert speculative.hybrid_findings(targets.assign(**{"at least the floor": [None, False]})).count("**missed**") == 1
+    assert speculative_words.hybrid_findings(targets.assign(**{"at least the floor": [None, False]})).count("**missed**") == 1
 
 
 # --- 04: loop counting, the Jacobi cost ratio, the findings, the training config --------------------
@@ -119,14 +123,14 @@ def test_looping_answers_counts_each_prompt_once():
     loop = [5, 6, 7, 8, 9, 10, 11, 12] * 3
     rows = pd.DataFrame([row(lineups.CLLM_JACOBI, "a", 0, loop), row(lineups.CLLM_JACOBI, "a", 1, loop),
                          row(lineups.CLLM_JACOBI, "b", 0, list(range(30))), row(lineups.BASE_JACOBI, "c", 0, loop)])
-    assert cllm.looping_answers(rows, lineups.CLLM_JACOBI) == 1
+    assert cllm_tables.looping_answers(rows, lineups.CLLM_JACOBI) == 1
 
 
 def test_ms_per_forward_pools_time_over_forwards():
     rows = pd.DataFrame([row("AR", wall_time_s=1.0, target_forwards=10), row("AR", repeat=1, wall_time_s=3.0,
                                                                              target_forwards=30),
                          row("Jacobi", wall_time_s=1.0, target_forwards=5)])
-    per_forward = cllm.ms_per_forward(rows)
+    per_forward = cllm_tables.ms_per_forward(rows)
     assert per_forward["AR"] == pytest.approx(100.0) and per_forward["Jacobi"] == pytest.approx(200.0)
 
 
@@ -144,7 +148,7 @@ def test_block_table_reads_jacobi_rows_only():
     stats = {"block_size": 4, "init": "repeat_last", "blocks": [{"iterations": 3, "fast_forward": 1, "stationary": 0}]}
     rows = pd.DataFrame([row(lineups.BASE_JACOBI, jacobi=stats, role="parallel"),
                          row("Lookahead W=5 N=3 G=5 (base)", jacobi=None, role="parallel")])
-    blocks = cllm.block_table(rows)
+    blocks = cllm_tables.block_table(rows)
     assert list(blocks.decoder) == [lineups.BASE_JACOBI] and list(blocks.iterations) == [3]
 
 
@@ -155,7 +159,7 @@ def test_sql_accuracy_counts_each_prompt_once_against_its_gold():
                          row(lineups.BASE_AR, "b", repeat=1, text="SELECT 2 FROM t"),  # a later repeat: not counted
                          row(lineups.CLLM_JACOBI, "a", text="SELECT 1 FROM t;"),
                          row(lineups.CLLM_JACOBI, "b", text="SELECT 2 FROM t")])
-    table = cllm.sql_accuracy(rows, gold)
+    table = cllm_tables.sql_accuracy(rows, gold)
     assert table.exact_match.to_dict() == {lineups.BASE_AR: 0.5, lineups.CLLM_JACOBI: 1.0}
     assert table.prompts.to_dict() == {lineups.BASE_AR: 2, lineups.CLLM_JACOBI: 2}
 
@@ -169,7 +173,7 @@ def test_paired_answers_count_the_prompts_one_method_gets_right_and_the_other_wr
                          row(lineups.BASE_AR, "d", text="SELECT 9 FROM t"), row(lineups.CLLM_JACOBI, "d", text="SELECT 9 FROM t"),
                          row(lineups.BASE_AR, "e", text="SELECT 5 FROM t"), row(lineups.CLLM_JACOBI, "e", text="SELECT 9 FROM t"),
                          row(lineups.CLLM_JACOBI, "d", repeat=1, text="SELECT 4 FROM t")])  # a later repeat: not counted
-    assert cllm.paired_answers(rows, gold, lineups.BASE_AR, lineups.CLLM_JACOBI) == {
+    assert cllm_tables.paired_answers(rows, gold, lineups.BASE_AR, lineups.CLLM_JACOBI) == {
         "both": 1, "only_first": 2, "only_second": 1, "neither": 1}
 
 
@@ -181,7 +185,7 @@ def curves() -> pd.DataFrame:
 
 
 def test_break_even_is_the_cost_of_the_tokens_one_pass_carries():
-    table = cllm.break_even_table(curves(), 16, [{"window": 5, "ngram_size": 3, "candidates": 5},
+    table = cllm_tables.break_even_table(curves(), 16, [{"window": 5, "ngram_size": 3, "candidates": 5},
                                                  {"window": 15, "ngram_size": 5, "candidates": 15}])
     be = table.set_index(["model", "method"]).break_even_tokens_per_forward
     assert be["flat (bf16)", "Jacobi, block of 16"] == pytest.approx(1.3)
@@ -192,14 +196,14 @@ def test_break_even_is_the_cost_of_the_tokens_one_pass_carries():
 
 
 def test_cllm_pick_takes_the_largest_block_that_can_pay():
-    table = cllm.break_even_table(curves(), 16, [])
-    pick = cllm.cllm_pick(table, reachable=1.5)
+    table = cllm_tables.break_even_table(curves(), 16, [])
+    pick = cllm_tables.cllm_pick(table, reachable=1.5)
     assert (pick.model, pick.tokens_per_pass) == ("flat (bf16)", 16)
-    assert cllm.cllm_pick(table, reachable=1.05) is None
-    assert cllm.cllm_pick(table, reachable=3.0).model == "flat (bf16)"  # block 32 on both: the cheaper one
+    assert cllm_tables.cllm_pick(table, reachable=1.05) is None
+    assert cllm_tables.cllm_pick(table, reachable=3.0).model == "flat (bf16)"  # block 32 on both: the cheaper one
 
 
-def synthetic_cllm_tables() -> cllm.Tables:
+def synthetic_cllm_tables() -> cllm_tables.Tables:
     names = [lineups.BASE_AR, lineups.BASE_JACOBI, lineups.CLLM_JACOBI]
     table = pd.DataFrame({"tokens_per_target_forward": [1.0, 1.05, 1.4], "speedup": [1.0, 0.5, 0.7],
                           "agreement": [1.0, 1.0, 0.25], "ms_per_forward": [40.0, 80.0, 80.0],
@@ -207,7 +211,7 @@ def synthetic_cllm_tables() -> cllm.Tables:
                          index=names)
     both = pd.DataFrame({"prompts": ["training databases"] * 2 + ["held-out databases"] * 2,
                          "prompt_id": ["t1", "t2", "h1", "h2"]})
-    return cllm.Tables(
+    return cllm_tables.Tables(
         train_set=[], held_out_set=["h1", "h2"], collected={"training_prompts": 9, "degenerate_removed": 1},
         losses=pd.DataFrame({"step": [1, 2, 3]}), cllm_folder=None, rows=pd.DataFrame([row(lineups.CLLM_JACOBI, "h1"),
                                                                                        row(lineups.CLLM_JACOBI, "h2")]),
@@ -216,22 +220,22 @@ def synthetic_cllm_tables() -> cllm.Tables:
         seen_and_held_out=both,
         tokens_per_forward_by_prompts=pd.DataFrame({"training databases": [1.1, 1.6]}, index=names[1:]),
         nll=pd.DataFrame({"model": ["base", "CLLM"], "nll_per_token": [0.7, 1.4]}), looping=1,
-        cost_curves=curves(), break_even=cllm.break_even_table(curves(), 16, []))
+        cost_curves=curves(), break_even=cllm_tables.break_even_table(curves(), 16, []))
 
 
 def test_cllm_findings_say_what_the_tables_hold():
-    text = cllm.findings(synthetic_cllm_tables(), {"block_size": 16, "dtype": "float32", "device": "cpu"})
+    text = cllm_words.findings(synthetic_cllm_tables(), {"block_size": 16, "dtype": "float32", "device": "cpu"})
     for expected in ("On 2 held-out prompts", "**1.05**", "after 3 training steps on 9 prompts", "(1 looping",
                      "**1.40**", "7.5 vs 5.0 iterations", "On 2 of its training prompts it makes 1.60 (base 1.10)",
                      "costs 2.00x an AR step", "0.50x for the base model and 0.70x for the CLLM", "25%",
                      "from 0.700 to 1.400", "1 of the CLLM's 2 held-out answers loop"):
         assert expected in text, expected
-    cost = cllm.cost_findings(synthetic_cllm_tables(), {"model": "steep", "dtype": "fp32", "block_size": 16})
+    cost = cllm_words.cost_findings(synthetic_cllm_tables(), {"model": "steep", "dtype": "fp32", "block_size": 16})
     assert "costs **2.00x** an AR step of steep (fp32)" in cost and "favour **flat (bf16)** with blocks of **16**" in cost
     assert "This profile trains steep all the same" in cost
-    favoured = cllm.cost_findings(synthetic_cllm_tables(), {"model": "flat", "dtype": "bf16", "block_size": 16})
+    favoured = cllm_words.cost_findings(synthetic_cllm_tables(), {"model": "flat", "dtype": "bf16", "block_size": 16})
     assert favoured.endswith("This profile trains that model.")
-    headline = cllm.headline(synthetic_cllm_tables())
+    headline = cllm_words.headline(synthetic_cllm_tables())
     assert headline["Jacobi tokens/forward, CLLM on training prompts"] == 1.6
     assert headline["Jacobi (CLLM) speedup over AR (per token)"] == "0.70x (95% CI 0.60-0.80, 2 prompts)"
 
@@ -240,16 +244,16 @@ def test_sql_accuracy_names_the_pretrained_model_when_the_base_was_fine_tuned_fi
     tables = synthetic_cllm_tables()
     tables.sql_accuracy = pd.DataFrame({"exact_match": [0.5, 0.2, 0.4], "prompts": [20, 20, 20]},
                                        index=[lineups.BASE_AR, lineups.PRETRAINED_AR, lineups.CLLM_JACOBI])
-    assert cllm.headline(tables)["SQL exact match, pretrained / base / CLLM"] == "0.20 / 0.50 / 0.40 (20 prompts)"
-    text = cllm.findings(tables, {"block_size": 16, "dtype": "bfloat16", "device": "cpu", "max_new_tokens": 64,
+    assert cllm_words.headline(tables)["SQL exact match, pretrained / base / CLLM"] == "0.20 / 0.50 / 0.40 (20 prompts)"
+    text = cllm_words.findings(tables, {"block_size": 16, "dtype": "bfloat16", "device": "cpu", "max_new_tokens": 64,
                                   "model": "m", "sft_steps": 100, "sft_answers_per_step": 8})
     assert "50% of the held-out prompts for the base model and 40% for the CLLM" in text
     assert ("m after 100 steps of fine-tuning (8 answers each) on the gold SQL of the training databases; before them "
             "it matched 20%") in text
     tables.sql_accuracy = tables.sql_accuracy.drop(lineups.PRETRAINED_AR)
-    assert cllm.headline(tables)["SQL exact match, base / CLLM"] == "0.50 / 0.40 (20 prompts)"
+    assert cllm_words.headline(tables)["SQL exact match, base / CLLM"] == "0.50 / 0.40 (20 prompts)"
     tables.accuracy_pairs = {"both": 7, "only_first": 3, "only_second": 1, "neither": 9}
-    text = cllm.findings(tables, {"block_size": 16, "dtype": "bfloat16", "device": "cpu", "max_new_tokens": 64,
+    text = cllm_words.findings(tables, {"block_size": 16, "dtype": "bfloat16", "device": "cpu", "max_new_tokens": 64,
                                   "model": "m", "sft_steps": 0})
     assert "the base model answers 3 right that the CLLM gets wrong and the CLLM 1 the other way" in text
     assert "one prompt is 5 points of accuracy here" in text
@@ -257,7 +261,7 @@ def test_sql_accuracy_names_the_pretrained_model_when_the_base_was_fine_tuned_fi
 
 def test_cllm_findings_and_headline_report_lookahead_on_the_cllm_when_it_ran():
     tables = synthetic_cllm_tables()
-    assert "Lookahead decoding of the CLLM" not in cllm.findings(tables, {"block_size": 16, "dtype": "float32",
+    assert "Lookahead decoding of the CLLM" not in cllm_words.findings(tables, {"block_size": 16, "dtype": "float32",
                                                                          "device": "cpu"})
     name, base_name = lineups.cllm_lookahead_names([{"window": 5, "ngram_size": 3}])
     assert (name, base_name) == ("Lookahead W=5 N=3 G=5 (CLLM)", "Lookahead W=5 N=3 G=5 (base)")
@@ -266,11 +270,11 @@ def test_cllm_findings_and_headline_report_lookahead_on_the_cllm_when_it_ran():
     tables.table.loc[base_name] = {"tokens_per_target_forward": 1.4, "speedup": 0.9, "agreement": 1.0,
                                    "ms_per_forward": 60.0, "speedup_low": 0.8, "speedup_high": 1.0, "prompts": 2}
     tables.cllm_lookahead, tables.base_lookahead = name, base_name
-    text = cllm.findings(tables, {"block_size": 16, "dtype": "float32", "device": "cpu"})
+    text = cllm_words.findings(tables, {"block_size": 16, "dtype": "float32", "device": "cpu"})
     assert ("Lookahead decoding of the CLLM (Lookahead W=5 N=3 G=5 (CLLM)) makes **1.80** tokens per forward (the base "
             "model 1.40 at the same W, N, G) at 1.50x") in text
-    assert "**1.20x** AR (95% CI 1.10-1.30)" in text
-    headline = cllm.headline(tables)
+    assert "**1.20x (95% CI 1.10-1.30, 2 prompts)** AR" in text
+    headline = cllm_words.headline(tables)
     assert headline[f"{name}: tokens/forward"] == 1.8
     assert headline[f"{name}: speedup over AR (per token)"] == "1.20x (95% CI 1.10-1.30, 2 prompts)"
 
@@ -281,11 +285,12 @@ def test_reference_findings_say_whether_the_best_parallel_method_pays():
         {"tokens_per_target_forward": [1.0, 1.3, 1.5], "ms_per_forward": [100.0, 120.0, 125.0],
          "speedup": [1.0, 1.08, 1.2], "speedup_low": [1.0, 0.95, 1.05], "speedup_high": [1.0, 1.2, 1.3],
          "prompts": [3, 3, 3], "agreement": [1.0, 1.0, 1.0]}, index=[lineups.BASE_AR, "Lookahead A", "Lookahead B"])
-    text = cllm.reference_findings(tables, {"reference_model": "big", "reference_dtype": "bf16", "max_new_tokens": 32})
-    assert "- Lookahead A: **1.30** tokens per forward at 1.20x the time of an AR step: **1.08x** AR (95% CI 0.95-1.20)" in text
+    text = cllm_words.reference_findings(tables, {"reference_model": "big", "reference_dtype": "bf16", "max_new_tokens": 32})
+    assert ("- Lookahead A: **1.30** tokens per forward at 1.20x the time of an AR step: **1.08x (95% CI 0.95-1.20, "
+            "3 prompts)** AR") in text
     assert "The best, Lookahead B, pays here" in text
     tables.reference_table.loc["Lookahead B", "speedup_low"] = 0.99
-    assert "does not pay beyond the noise" in cllm.reference_findings(tables, {"reference_model": "big",
+    assert "does not pay beyond the noise" in cllm_words.reference_findings(tables, {"reference_model": "big",
                                                                                "reference_dtype": "bf16",
                                                                                "max_new_tokens": 32})
 
@@ -319,7 +324,8 @@ def test_fastest_lossless_ranks_within_each_experiment_by_the_declared_property(
     assert outputs.read_headline(tmp_path, "05_summary") == {
         "fastest lossless method in 02_speculative": "spec: 1.50x (95% CI 1.40-1.60, 10 prompts)",
         "fastest lossless method in 04_cllm": "jacobi: 0.60x (95% CI 0.50-0.70, 10 prompts)"}
-    assert "| 02_speculative | blog (fast, not lossless) | no | 2.50 (2.40-2.60) | 10 |" in summary.markdown_table(str(tmp_path))
+    assert ("| 02_speculative | blog (fast, not lossless) | no | 2.50x (95% CI 2.40-2.60, 10 prompts) |"
+            in summary.markdown_table(str(tmp_path)))
 
 
 def test_the_summary_leaves_out_results_made_with_other_parameters(tmp_path):

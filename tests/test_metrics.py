@@ -3,7 +3,7 @@ import math
 import pandas as pd
 import pytest
 
-from specdec_lab import metrics
+from specdec_lab import cost_model, metrics
 
 
 def rows():
@@ -31,8 +31,10 @@ def rows():
 def test_speedup_is_a_side_by_side_ratio():
     speed = metrics.speedups(rows(), "ar")
     assert set(speed[speed.decoder == "fast"].speedup) == {2.0}
-    speedup, low, high, prompts = metrics.mean_speedup(rows(), "fast", "ar")
-    assert (speedup, low, high, prompts) == (pytest.approx(2.0), pytest.approx(2.0), pytest.approx(2.0), 2)
+    found = metrics.mean_speedup(rows(), "fast", "ar")
+    assert (found.value, found.low, found.high, found.prompts) == (pytest.approx(2.0), pytest.approx(2.0),
+                                                                   pytest.approx(2.0), 2)
+    assert found.aggregate == "geometric mean over prompts"
 
 
 def test_speedup_compares_time_per_generated_token_not_wall_time():
@@ -90,15 +92,15 @@ def test_acceptance_by_position_is_the_per_position_rate():
 
 
 def test_alpha_is_counted_from_the_tokens_actually_proposed():
-    assert metrics.acceptance_alpha([[2, 0]], [[2, 2]]) == pytest.approx(2 / 3)  # 2 accepted, 1 rejection
+    assert cost_model.acceptance_alpha([[2, 0]], [[2, 2]]) == pytest.approx(2 / 3)  # 2 accepted, 1 rejection
     # the last step proposed 1 token (the generation's end) and kept it: no rejection anywhere
-    assert metrics.acceptance_alpha([[3, 1]], [[3, 1]]) == 1.0
+    assert cost_model.acceptance_alpha([[3, 1]], [[3, 1]]) == 1.0
 
 
 def test_leviathan_prediction():
     # a = 0.8, k = 4, c = 0.25: (1 - 0.8^5) / (0.2 * 2) = 1.6805
-    assert metrics.predicted_speedup(0.8, 4, 0.25) == pytest.approx((1 - 0.8**5) / (0.2 * 2.0))
-    assert metrics.predicted_speedup(1.0, 4, 0.0) == 5
+    assert cost_model.predicted_speedup(0.8, 4, 0.25) == pytest.approx((1 - 0.8**5) / (0.2 * 2.0))
+    assert cost_model.predicted_speedup(1.0, 4, 0.0) == 5
 
 
 def test_geometric_mean_ignores_missing_values():

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import pytest
 
-from specdec_lab import memory, metrics, models, quality
+from specdec_lab import hardware, memory, metrics, models, quality
 from specdec_lab.data import Prompt
 from specdec_lab.decoders import autoregressive
 from specdec_lab.decoders.common import new_cache
-from specdec_lab.experiments import quantized
+from specdec_lab.experiments import quantized, quantized_tables, quantized_words
 
 pytest.importorskip("bitsandbytes")
 
@@ -21,9 +21,9 @@ VOCAB, HIDDEN, LAYERS, KV_HEADS, HEADS = 64, 64, 2, 2, 4  # tiny_llama: 2 layers
 def test_kv_cache_bytes_match_the_cache_shape(load):
     head_dim = HIDDEN // HEADS
     expected_fp32 = 2 * LAYERS * KV_HEADS * head_dim * 30 * 4
-    assert quantized.kv_cache_bytes_at(load("target", "none").model, PROMPT, 30) == expected_fp32
-    assert quantized.kv_cache_bytes_at(load("target", "torch-int8").model, PROMPT, 30) == expected_fp32
-    assert quantized.kv_cache_bytes_at(load("target", "nf4", "bfloat16").model, PROMPT, 30) == expected_fp32 // 2
+    assert hardware.kv_cache_bytes_at(load("target", "none").model, PROMPT, 30) == expected_fp32
+    assert hardware.kv_cache_bytes_at(load("target", "torch-int8").model, PROMPT, 30) == expected_fp32
+    assert hardware.kv_cache_bytes_at(load("target", "nf4", "bfloat16").model, PROMPT, 30) == expected_fp32 // 2
 
 
 def test_kv_cache_bytes_at_equals_the_cache_after_a_generation(load):
@@ -32,7 +32,7 @@ def test_kv_cache_bytes_at_equals_the_cache_after_a_generation(load):
     token = int(autoregressive.prefill(model, PROMPT, cache).argmax())
     for _ in range(9):
         token = int(autoregressive.decode_one_token(model, token, cache).argmax())
-    assert memory.kv_cache_bytes(cache) == quantized.kv_cache_bytes_at(model, PROMPT, len(PROMPT) + 9)
+    assert memory.kv_cache_bytes(cache) == hardware.kv_cache_bytes_at(model, PROMPT, len(PROMPT) + 9)
 
 
 # --- the notebook's runners ----------------------------------------------------------------------------------
@@ -44,11 +44,11 @@ def test_footprint_sweep_measures_and_resumes(folders, tmp_path):
     kwargs = dict(dtype="float32", device="cpu", double_quant=False, max_new_tokens=12, repeats=1, warmup=0,
                   out_dir=tmp_path, config={"test": 1})
     footprints, rows = quantized.footprint_sweep({"target": folders["target"]}, ["none", "nf4"], PROMPTS, **kwargs)
-    table = quantized.footprint_table(footprints, rows)
+    table = quantized_tables.footprint_table(footprints, rows)
     by_name = table.set_index("quantization")
     assert by_name.loc["nf4", "weight_bytes"] < by_name.loc["none", "weight_bytes"]
     assert (table.kv_cache_bytes > 0).all() and (table.perplexity > 1).all()
-    assert len(quantized.tradeoff_sentences(table)) == 1
+    assert len(quantized_words.tradeoff_sentences(table)) == 1
     # speed ratios are taken side by side: both variants of a prompt ran in one process, interleaved
     assert (rows.groupby("prompt_id").process.nunique() == 1).all()
     per_prompt = rows.pivot_table(index="prompt_id", columns="quantization", values="ms_per_token")
@@ -90,7 +90,7 @@ def test_speculative_grid_is_lossless_for_quantized_drafts(folders, tmp_path):
         dtype="float32", device="cpu", double_quant=False, k=3, max_new_tokens=12, repeats=1, warmup=0,
         out=tmp_path / "spec.jsonl", config={"test": 1})
     unquantized_ar = rows[rows.decoder == "target fp32 AR"]
-    table = quantized.speculative_table(rows, unquantized_reference=unquantized_ar).set_index("pair")
+    table = quantized_tables.speculative_table(rows, unquantized_reference=unquantized_ar).set_index("pair")
     assert list(table.index) == ["target fp32 · draft nf4", "target fp32 · self LLM.int8", "target nf4 · draft fp32"]
     assert (table.agreement_with_target == 1.0).all() and (table.full_match_rate == 1.0).all()
     acceptance = table.acceptance_rate
@@ -116,7 +116,7 @@ def test_grid_with_prompt_lookup_cost_curves_best_k_and_a_peer_in_the_same_run(f
 
     stand_in = models.load(folders["target"], dtype="float32", quantization="int4-wo")
 
-    def fake_llama_cpp_ar(engine, like, max_new_tokens, name="llama.cpp AR (GGUF as is)", params=None):
+    def fake_llama_cpp_ar(engine, like, max_new_tokens, name="llama.cpp AR (GGUF as is)", weights=None):
         ar = lineups.ar(stand_in, max_new_tokens)
         return Method(name, ar.decode, lossless=False, role="target AR", implementation="llama.cpp")
 
@@ -134,11 +134,11 @@ def test_grid_with_prompt_lookup_cost_curves_best_k_and_a_peer_in_the_same_run(f
                                       **{"target": folders["target"], "draft": folders["draft"]})
     assert (rows.groupby(["baseline", "prompt_id"]).process.nunique() == 1).all()  # one run per target variant
     reference = rows[rows.decoder == "target fp32 AR"]
-    table = quantized.speculative_table(rows, reference).set_index("pair")
+    table = quantized_tables.speculative_table(rows, reference).set_index("pair")
     assert set(table.source) == {"draft model", "prompt lookup"}
     assert "target int8 weight-only · prompt lookup k=4 adaptive, longest match" in table.index
     assert (table.agreement_with_target == 1.0).all()  # fp32: lossless against each target's own AR
-    best_k = quantized.best_k_table(table.reset_index(), rows, curves).set_index("pair")
+    best_k = quantized_tables.best_k_table(table.reset_index(), rows, curves).set_index("pair")
     assert set(best_k.index) == {"target fp32 · draft int4 weight-only", "target int8 weight-only · draft int4 weight-only"}
     t1 = curves[curves.n == 1].set_index("variant").ms
     assert best_k.target_T1_ms.to_dict() == {"target fp32 · draft int4 weight-only": t1["target fp32"],
@@ -146,12 +146,12 @@ def test_grid_with_prompt_lookup_cost_curves_best_k_and_a_peer_in_the_same_run(f
                                                  t1["target int8 weight-only"]}
     assert (best_k.draft_T1_ms == t1["draft int4 weight-only"]).all()
     assert best_k.best_k.between(1, 7).all()  # k + 1 within the measured n (up to 8)
-    versus = quantized.versus_llama_cpp(rows, reference).set_index("configuration")
+    versus = quantized_tables.versus_llama_cpp(rows, reference).set_index("configuration")
     assert len(versus) == 2 * 3  # per target variant: its AR, its pair, its prompt lookup
     per_prompt = rows[rows.baseline == "target fp32 AR"].pivot_table(index="prompt_id", columns="decoder",
                                                                       values="ms_per_token")
     expected = metrics.geometric_mean(per_prompt["llama.cpp AR (GGUF as is)"] / per_prompt["target fp32 AR"])
     fp32_ar = versus[versus.target == "fp32"].loc["target fp32 AR"]
     assert fp32_ar.vs_llama_cpp == pytest.approx(expected)
-    best = quantized.fastest_lossless(versus.reset_index())
+    best = quantized_tables.fastest_lossless(versus.reset_index())
     assert best.full_match_rate == 1.0 and best.vs_llama_cpp == versus[versus.full_match_rate == 1].vs_llama_cpp.max()

@@ -14,7 +14,8 @@ from typing import Protocol
 import torch
 
 from specdec_lab.decoders.common import forward, new_cache, truncate_cache
-from specdec_lab.metrics import predicted_speedup
+from specdec_lab.cost_model import predicted_speedup
+from specdec_lab.method import SCHEDULES, HybridSettings
 from specdec_lab.sampling import Sampling, probabilities, sample
 
 
@@ -44,8 +45,8 @@ class DraftLength:
     def __init__(self, k: int, schedule: str = "constant"):
         if int(k) < 1:
             raise ValueError(f"draft length k must be >= 1, got {k}")
-        if schedule not in ("constant", "heuristic"):
-            raise ValueError(f"unknown draft-length schedule {schedule!r}: use 'constant' or 'heuristic'")
+        if schedule not in SCHEDULES:
+            raise ValueError(f"unknown draft-length schedule {schedule!r}: use one of {SCHEDULES}")
         self.initial_k, self.schedule, self.k = int(k), schedule, int(k)
 
     def reset(self) -> None:
@@ -228,8 +229,9 @@ class HybridCandidates:
     """
 
     def __init__(self, draft_model, k: int = 5, prompt_lookup_k: int = 10, cost_ratio: float = 0.3,
-                 prior_acceptance: float = 0.6, prior_tokens: int = 10, explore_every: int = 8,
-                 confidence_threshold: float = 0.4, extend_lookups: bool = True, draft=None):
+                 prior_acceptance: float = HybridSettings.prior_acceptance, prior_tokens: int = 10,
+                 explore_every: int = 8, confidence_threshold: float = 0.4,
+                 extend_lookups: bool = HybridSettings.extend_lookups, draft=None):
         if not 0 < cost_ratio:
             raise ValueError(f"cost_ratio (draft step / target step) must be > 0, got {cost_ratio}")
         if not 0 <= prior_acceptance < 1:

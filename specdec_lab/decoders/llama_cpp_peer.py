@@ -15,12 +15,14 @@ from __future__ import annotations
 
 import importlib.util
 from collections.abc import Iterable
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
 from specdec_lab.decoders.common import DecodingRun
+from specdec_lab.models import zoo
 from specdec_lab.result import GenerationResult
 
 PACKAGE = "llama-cpp-python==0.3.36"  # the pinned peer; `make llama-cpp` installs it
@@ -93,3 +95,29 @@ def generate(model: LlamaCppModel, prompt_ids, max_new_tokens: int, stop_ids: It
                               "prompt_lookup_tokens": model.prompt_lookup_tokens,
                               "forwards_counted": not model.prompt_lookup_tokens})
 
+
+def load_for(spec: str, prompt_lookup_tokens: int = 0) -> LlamaCppModel:
+    """llama.cpp on the GGUF file a zoo model (or a .gguf spec) comes from, on torch's thread count;
+    with prompt_lookup_tokens > 0, decoding with the binding's prompt lookup."""
+    if spec in zoo.ZOO:
+        return load(zoo.assemble_gguf(spec), prompt_lookup_tokens=prompt_lookup_tokens)
+    if str(spec).endswith(".gguf"):
+        return load(spec, prompt_lookup_tokens=prompt_lookup_tokens)
+    raise ValueError(f"llama_cpp: true needs a GGUF file to run, but target {spec!r} is neither a zoo name nor a "
+                     ".gguf path: set llama_cpp: false, or give the target as a .gguf file")
+
+
+def gguf_kind(file_name: str, unknown: str = "GGUF") -> str:
+    """'qwen2.5-coder-1.5b-instruct-q4_k_m.gguf' -> 'Q4_K_M', 'SmolLM2-135M-Instruct.Q4_1.gguf' -> 'Q4_1'."""
+    found = re.search(r"q\d+(_[a-z0-9]+)*(?=\.gguf$)", file_name, re.IGNORECASE)
+    return found.group(0).upper() if found else unknown
+
+
+def gguf_bytes_read_per_token(path: Path) -> int:
+    """Bytes of a GGUF's tensors that one decode step reads: all of them but the token-embedding
+    table, unless the file has no separate output matrix (then the tied table is the output head)."""
+    import gguf
+
+    sizes = {tensor.name: int(tensor.n_bytes) for tensor in gguf.GGUFReader(str(path)).tensors}
+    embedding = sizes.get("token_embd.weight", 0)
+    return sum(sizes.values()) - (embedding if "output.weight" in sizes else 0)

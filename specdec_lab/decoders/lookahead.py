@@ -31,11 +31,12 @@ from __future__ import annotations
 import random
 import weakref
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 
 import torch
 
 from specdec_lab.decoders.common import DecodingRun, cut_at_stop, new_cache, truncate_cache
+from specdec_lab.method import LookaheadConfig
 from specdec_lab.result import GenerationResult
 
 
@@ -211,12 +212,7 @@ def lookahead_step(model, cache, inputs: list[int], levels: list[list[int]], can
     return [*candidates[index][:accepted], after[accepted]], accepted, newest_predictions
 
 
-def tokens_per_pass(window: int, ngram_size: int, candidates: int) -> int:
-    """Tokens in one steady-state pass: the current token, the full window, G full n-grams."""
-    return 1 + (window + candidates) * (ngram_size - 1)
-
-
-CONFIG_KEYS = ("window", "ngram_size", "candidates", "pool_from_prompt")  # `generate`'s lookahead settings
+CONFIG_KEYS = tuple(item.name for item in fields(LookaheadConfig))  # `generate`'s lookahead settings
 
 
 def argument_problem(window, ngram_size, candidates, pool_from_prompt=False) -> str | None:
@@ -236,8 +232,8 @@ def config_problem(config) -> str | None:
         return (f"a lookahead config is a mapping with window and ngram_size, optionally candidates and "
                 f"pool_from_prompt (keys {list(CONFIG_KEYS)}), e.g. {{window: 5, ngram_size: 3, candidates: 5}}; "
                 f"got {config!r}")
-    return argument_problem(config["window"], config["ngram_size"], config.get("candidates", config["window"]),
-                            config.get("pool_from_prompt", False))
+    config = LookaheadConfig.from_mapping(config)
+    return argument_problem(config.window, config.ngram_size, config.candidates, config.pool_from_prompt)
 
 
 @torch.inference_mode()
@@ -260,7 +256,7 @@ def generate(
     Counting: accepted_per_step = n-gram tokens kept, proposed_per_step = the longest candidate's
     length, target_forwards = passes (the first one also prefills)."""
     run = DecodingRun(model, prompt_ids, max_new_tokens, stop_ids)
-    candidates = window if candidates is None else candidates
+    candidates = LookaheadConfig(window, ngram_size, candidates, pool_from_prompt).candidates  # None: G = W
     problem = argument_problem(window, ngram_size, candidates, pool_from_prompt)
     if problem:
         raise ValueError(problem)

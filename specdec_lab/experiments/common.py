@@ -40,8 +40,3 @@ def params_id(params: dict) -> str:
 def write_outputs(params: dict, notebook: str, summary: pd.DataFrame, headline: dict, **labels) -> None:
     outputs.write_summary(params["results_dir"], notebook, summary, params_id=params_id(params), **labels)
     outputs.write_headline(params["results_dir"], notebook, headline)
-
-
-def bullets(lines: Sequence[str]) -> str:
-    """A Markdown bullet list."""
-    return "\n".join("- " + line for line in lines)

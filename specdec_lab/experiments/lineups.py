@@ -15,7 +15,7 @@ from specdec_lab.decoders import (autoregressive, draft_then_score, hf_peers, ja
 from specdec_lab.decoders.common import stop_token_ids
 from specdec_lab.decoders.candidates import (CandidateGenerator, DraftModelCandidates, HybridCandidates,
                                             PromptLookupCandidates)
-from specdec_lab.method import Method
+from specdec_lab.method import SCHEDULES, CandidateSource, HybridSettings, LookaheadConfig, Method, Weights
 from specdec_lab.models import LoadedModel, check_same_tokenizer, quantize
 from specdec_lab.sampling import GREEDY, Sampling
 
@@ -30,40 +30,64 @@ CLLM_JACOBI = "Jacobi (CLLM)"
 # --- single methods -------------------------------------------------------------------------------
 
 def ar(model: LoadedModel, max_new_tokens: int, sampling: Sampling = GREEDY, name: str = TARGET_AR,
-       role: str = "target AR", lossless: bool = True, params: dict | None = None) -> Method:
+       role: str = "target AR", lossless: bool = True, weights: Weights | None = None) -> Method:
     """Our AR loop (prefill, then one token per forward)."""
     def decode(prompt_ids):
         return autoregressive.generate(model.model, prompt_ids, max_new_tokens, sampling)
-    return Method(name, decode, lossless=lossless, role=role, params=params or {})
+    return Method(name, decode, lossless=lossless, role=role, weights=weights)
 
 
 def transformers_generate(model: LoadedModel, max_new_tokens: int, sampling: Sampling = GREEDY,
                           name: str = "target generate (transformers)", role: str = "target AR",
-                          lossless: bool = True, params: dict | None = None, **generate_kwargs) -> Method:
+                          lossless: bool = True, source: CandidateSource | None = None, **generate_kwargs) -> Method:
     """transformers' `generate`, plain or with its assisted-generation / prompt-lookup options."""
     def decode(prompt_ids):
         return hf_peers.generate(model.model, prompt_ids, max_new_tokens, sampling, **generate_kwargs)
-    return Method(name, decode, lossless=lossless, role=role, implementation="transformers", params=params or {})
+    return Method(name, decode, lossless=lossless, role=role, implementation="transformers", source=source)
 
 
 def with_candidates(target: LoadedModel, make_candidates: Callable[[], CandidateGenerator], max_new_tokens: int,
-                    sampling: Sampling, name: str, params: dict, lossless: bool = True) -> Method:
+                    sampling: Sampling, name: str, source: CandidateSource, lossless: bool = True,
+                    weights: Weights | None = None) -> Method:
     """Our speculative decoder with a candidate source built fresh for every call."""
     def decode(prompt_ids):
         return speculative.generate(target.model, make_candidates(), prompt_ids, max_new_tokens, sampling)
-    return Method(name, decode, lossless=lossless, role="speculative", params=params)
+    return Method(name, decode, lossless=lossless, role="speculative", source=source, weights=weights)
+
+
+# --- candidate sources: each described once, by the record the line-up and the picker share ------
+
+def draft_source(k: int, schedule: str = "constant", confidence_threshold: float = 0.0,
+                 implementation: str = "ours") -> CandidateSource:
+    return CandidateSource("draft model", implementation, k=k, schedule=schedule,
+                           confidence_threshold=confidence_threshold)
+
+
+def prompt_lookup_source(k: int, match: str = "longest", implementation: str = "ours") -> CandidateSource:
+    """Ours: match="longest" (its proposal length adapts per kind of match) or "latest", n-grams up
+    to PROMPT_LOOKUP_NGRAM; transformers': match="first", n-grams up to its own default."""
+    if implementation == "transformers":
+        return CandidateSource("prompt lookup", "transformers", k=k, match="first",
+                               max_ngram=TRANSFORMERS_PROMPT_LOOKUP_NGRAM)
+    return CandidateSource("prompt lookup", k=k, match=match, max_ngram=PROMPT_LOOKUP_NGRAM,
+                           schedule="heuristic" if match == "longest" else None)
+
+
+def hybrid_source(k: int, prompt_lookup_k: int, settings: HybridSettings = HybridSettings(),
+                  adaptive_threshold: float = 0.4) -> CandidateSource:
+    return CandidateSource("hybrid", k=k, schedule="heuristic", confidence_threshold=adaptive_threshold,
+                           prompt_lookup_k=prompt_lookup_k, hybrid=settings)
 
 
 def draft_model_speculative(target: LoadedModel, draft: LoadedModel, k: int, max_new_tokens: int,
                             sampling: Sampling = GREEDY, schedule: str = "constant",
                             confidence_threshold: float = 0.0, name: str | None = None,
-                            lossless: bool = True, params: dict | None = None) -> Method:
+                            lossless: bool = True, weights: Weights | None = None) -> Method:
     """Our speculative decoder with a draft model: k constant, or the heuristic schedule from k."""
     name = name or f"speculative {draft_length_label(k, schedule, confidence_threshold)} (ours)"
     return with_candidates(
         target, lambda: DraftModelCandidates(draft.model, k, schedule, confidence_threshold), max_new_tokens, sampling,
-        name, {"source": "draft model", "k": k, "schedule": schedule, "confidence_threshold": confidence_threshold,
-               **(params or {})}, lossless)
+        name, draft_source(k, schedule, confidence_threshold), lossless, weights)
 
 
 def draft_length_label(k: int, schedule: str = "constant", confidence_threshold: float = 0.0) -> str:
@@ -80,58 +104,57 @@ TRANSFORMERS_PROMPT_LOOKUP_NGRAM = 2  # transformers' max_matching_ngram_size de
 
 
 def prompt_lookup(target: LoadedModel, k: int, max_new_tokens: int, sampling: Sampling = GREEDY,
-                  name: str | None = None, lossless: bool = True, params: dict | None = None,
+                  name: str | None = None, lossless: bool = True, weights: Weights | None = None,
                   match: str = "longest") -> Method:
     """Our prompt lookup: the longest match, its proposal adapted per kind of match (see
     PromptLookupCandidates), or with match="latest" the classic latest-n-gram rule."""
-    if match == "longest":
-        label, rule = f"k={k} adaptive, longest match", {"match": "longest", "schedule": "heuristic"}
-    else:
-        label, rule = f"k={k}, n<={PROMPT_LOOKUP_NGRAM}, latest match", {"match": "latest",
-                                                                         "max_ngram": PROMPT_LOOKUP_NGRAM}
+    label = (f"k={k} adaptive, longest match" if match == "longest"
+             else f"k={k}, n<={PROMPT_LOOKUP_NGRAM}, latest match")
     return with_candidates(target, lambda: PromptLookupCandidates(k, max_ngram=PROMPT_LOOKUP_NGRAM, match=match),
                            max_new_tokens, sampling, name or f"prompt lookup {label} (ours)",
-                           {"source": "prompt lookup", "k": k, **rule, **(params or {})}, lossless)
+                           prompt_lookup_source(k, match), lossless, weights)
 
 
 def hybrid(target: LoadedModel, draft: LoadedModel, k: int, prompt_lookup_k: int, max_new_tokens: int,
            cost_ratio: float, sampling: Sampling = GREEDY, adaptive_threshold: float = 0.4,
-           settings: dict | None = None) -> Method:
+           settings: HybridSettings | None = None) -> Method:
     """Our hybrid candidate source: each step prompt lookup, the draft model (adaptive k from k),
     lookup continued by the draft, or nothing, chosen from the match and the acceptance so far
-    (see HybridCandidates). `cost_ratio` = draft step / target step, measured on this machine;
-    `settings`: other HybridCandidates arguments (prior_acceptance, extend_lookups), as the draft
-    picker chose them (None: HybridCandidates' defaults)."""
-    settings = dict(settings or {})
+    (see HybridCandidates). `cost_ratio` = draft step / target step, measured on this machine (a
+    measurement fed to the source, not part of what it is); `settings`: as the draft picker chose
+    them (None: the record's defaults, which are HybridCandidates')."""
+    settings = settings or HybridSettings()
 
     def make():
         return HybridCandidates(draft.model, k, prompt_lookup_k, cost_ratio=cost_ratio,
-                                confidence_threshold=adaptive_threshold, **settings)
+                                confidence_threshold=adaptive_threshold, prior_acceptance=settings.prior_acceptance,
+                                extend_lookups=settings.extend_lookups)
     return with_candidates(target, make, max_new_tokens, sampling,
                            f"hybrid: prompt lookup k={prompt_lookup_k} or draft adaptive k from {k} (ours)",
-                           {"source": "hybrid", "k": k, "prompt_lookup_k": prompt_lookup_k,
-                            "cost_ratio": round(cost_ratio, 3), **settings})
+                           hybrid_source(k, prompt_lookup_k, settings, adaptive_threshold))
 
 
 def llama_cpp_ar(engine: llama_cpp_peer.LlamaCppModel, like: LoadedModel, max_new_tokens: int,
-                 name: str = "llama.cpp AR (GGUF as is)", params: dict | None = None) -> Method:
+                 name: str = "llama.cpp AR (GGUF as is)", weights: Weights | None = None) -> Method:
     """llama.cpp's greedy decoding of the GGUF file `like` was converted from, stopping on the same
-    tokens. Not lossless: its weights (Q4_K/Q6_K blocks) and arithmetic are its own."""
+    tokens (with the engine's prompt lookup when it has one). Not lossless: its weights (Q4_K/Q6_K
+    blocks) and arithmetic are its own."""
     stop_ids = stop_token_ids(like.model, like.tokenizer)
+    k = engine.prompt_lookup_tokens
+    # llama-cpp-python's LlamaPromptLookupDecoding, its defaults: n-grams up to 2
+    source = CandidateSource("prompt lookup", "llama.cpp", k=k, max_ngram=2) if k else None
 
     def decode(prompt_ids):
         return llama_cpp_peer.generate(engine, prompt_ids, max_new_tokens, stop_ids)
-    return Method(name, decode, lossless=False, role="speculative" if engine.prompt_lookup_tokens else "target AR",
-                  implementation="llama.cpp",
-                  params={"engine": "llama.cpp", "threads": engine.threads, **(params or {})})
+    return Method(name, decode, lossless=False, role="speculative" if k else "target AR", implementation="llama.cpp",
+                  source=source, weights=weights)
 
 
 def llama_cpp_prompt_lookup(engine: llama_cpp_peer.LlamaCppModel, like: LoadedModel, max_new_tokens: int) -> Method:
-    """llama.cpp's own prompt-lookup decoding (llama-cpp-python's LlamaPromptLookupDecoding, its
-    defaults: n-grams up to 2) on the same GGUF file."""
-    k = engine.prompt_lookup_tokens
-    return llama_cpp_ar(engine, like, max_new_tokens, name=f"llama.cpp prompt lookup k={k} (GGUF as is)",
-                        params={"source": "prompt lookup", "k": k})
+    """llama.cpp's own prompt-lookup decoding on the same GGUF file (an engine loaded with
+    prompt_lookup_tokens > 0)."""
+    return llama_cpp_ar(engine, like, max_new_tokens,
+                        name=f"llama.cpp prompt lookup k={engine.prompt_lookup_tokens} (GGUF as is)")
 
 
 def draft_then_score_method(target: LoadedModel, draft: LoadedModel, max_new_tokens: int,
@@ -146,17 +169,12 @@ def jacobi_method(model: LoadedModel, max_new_tokens: int, block_size: int, init
                   lossless: bool) -> Method:
     def decode(prompt_ids):
         return jacobi.generate(model.model, prompt_ids, max_new_tokens, block_size=block_size, init=init)
-    return Method(name, decode, lossless=lossless, role="parallel", params={"block_size": block_size, "init": init})
+    return Method(name, decode, lossless=lossless, role="parallel",
+                  source=CandidateSource("jacobi", block_size=block_size, init=init))
 
 
-def lookahead_label(config: dict) -> str:
-    """W, N, G as the paper names them, and whether the prompt's n-grams seed the pool."""
-    label = f"W={config['window']} N={config['ngram_size']} G={config.get('candidates', config['window'])}"
-    return label + (" + prompt n-grams" if config.get("pool_from_prompt") else "")
-
-
-def lookahead_name(config: dict, model_label: str = "base") -> str:
-    return f"Lookahead {lookahead_label(config)} ({model_label})"
+def lookahead_name(config: LookaheadConfig | dict, model_label: str = "base") -> str:
+    return f"Lookahead {LookaheadConfig.from_mapping(config).label()} ({model_label})"
 
 
 def cllm_lookahead_names(lookahead_configs: Sequence[dict]) -> tuple[str, str] | tuple[None, None]:
@@ -167,15 +185,17 @@ def cllm_lookahead_names(lookahead_configs: Sequence[dict]) -> tuple[str, str] |
     return lookahead_name(lookahead_configs[0], "CLLM"), lookahead_name(lookahead_configs[0], "base")
 
 
-def lookahead_method(model: LoadedModel, max_new_tokens: int, config: dict, model_label: str = "base",
-                     lossless: bool = True) -> Method:
+def lookahead_method(model: LoadedModel, max_new_tokens: int, config: LookaheadConfig | dict,
+                     model_label: str = "base", lossless: bool = True) -> Method:
     """Lookahead decoding (greedy: it returns `model`'s greedy text) with a config {window, ngram_size,
     candidates?, pool_from_prompt?}. `lossless=False` for a fine-tuned model, whose text is its own."""
-    config = {"candidates": config["window"], "pool_from_prompt": False, **config}
+    config = LookaheadConfig.from_mapping(config)
 
     def decode(prompt_ids):
-        return lookahead.generate(model.model, prompt_ids, max_new_tokens, **config)
-    return Method(lookahead_name(config, model_label), decode, lossless=lossless, role="parallel", params=dict(config))
+        return lookahead.generate(model.model, prompt_ids, max_new_tokens, config.window, config.ngram_size,
+                                  config.candidates, config.pool_from_prompt)
+    return Method(lookahead_name(config, model_label), decode, lossless=lossless, role="parallel",
+                  source=CandidateSource("lookahead", lookahead=config))
 
 
 # --- line-ups -------------------------------------------------------------------------------------
@@ -191,15 +211,12 @@ def baseline(target: LoadedModel, draft: LoadedModel | None, max_new_tokens: int
     return methods
 
 
-SCHEDULES = ("constant", "heuristic")  # our draft-length schedules; transformers names the same two
-
-
 def speculative_methods(target: LoadedModel, draft: LoadedModel, k: int, max_new_tokens: int,
                         sampling: Sampling = GREEDY, prompt_lookup_k: int = 10,
                         universal_draft: LoadedModel | None = None, lossy: bool = True,
                         transformers_defaults: bool = True, adaptive_threshold: float = 0.4,
                         schedules: Sequence[str] = SCHEDULES, hybrid_cost_ratio: float | None = None,
-                        hybrid_settings: dict | None = None) -> list[Method]:
+                        hybrid_settings: HybridSettings | None = None) -> list[Method]:
     """AR baseline; our speculative decoder and transformers' assisted generation configured alike,
     for each of `schedules` (k constant; the heuristic schedule from the same k with the same
     confidence stop); prompt lookup, each named by its own n-gram rule; optionally transformers'
@@ -210,9 +227,9 @@ def speculative_methods(target: LoadedModel, draft: LoadedModel, k: int, max_new
     if unknown or not schedules:
         raise ValueError(f"schedules must be a non-empty list of {list(SCHEDULES)}, got {list(schedules)}")
 
-    def peer(name: str, params: dict, **kwargs) -> Method:
+    def peer(name: str, source: CandidateSource, **kwargs) -> Method:
         return transformers_generate(target, max_new_tokens, sampling, name=name, role="speculative",
-                                     params=params, **kwargs)
+                                     source=source, **kwargs)
 
     def threshold(schedule: str) -> float:
         return adaptive_threshold if schedule == "heuristic" else 0.0
@@ -220,8 +237,7 @@ def speculative_methods(target: LoadedModel, draft: LoadedModel, k: int, max_new
     ours = [draft_model_speculative(target, draft, k, max_new_tokens, sampling, schedule, threshold(schedule))
             for schedule in schedules]
     theirs = [peer(f"assisted {draft_length_label(k, schedule, threshold(schedule))} (transformers)",
-                   {"source": "draft model", "k": k, "schedule": schedule,
-                    **({"confidence_threshold": threshold(schedule)} if threshold(schedule) else {})},
+                   draft_source(k, schedule, threshold(schedule), "transformers"),
                    assistant_model=draft.model, num_assistant_tokens=k, num_assistant_tokens_schedule=schedule,
                    assistant_confidence_threshold=threshold(schedule))
               for schedule in schedules]
@@ -233,18 +249,19 @@ def speculative_methods(target: LoadedModel, draft: LoadedModel, k: int, max_new
                   hybrid_settings)] if hybrid_cost_ratio is not None else []),
         *theirs,
         peer(f"prompt lookup k={prompt_lookup_k}, n<={TRANSFORMERS_PROMPT_LOOKUP_NGRAM}, first match (transformers)",
-             {"source": "prompt lookup", "k": prompt_lookup_k, "max_ngram": TRANSFORMERS_PROMPT_LOOKUP_NGRAM,
-              "match": "first"}, prompt_lookup_num_tokens=prompt_lookup_k),
+             prompt_lookup_source(prompt_lookup_k, implementation="transformers"),
+             prompt_lookup_num_tokens=prompt_lookup_k),
     ]
     if transformers_defaults:
         methods.append(peer("assisted k=20 constant, stop below p=0.4 (transformers defaults)",
-                            {"source": "draft model", "k": 20, "schedule": "constant", "confidence_threshold": 0.4},
+                            draft_source(20, "constant", 0.4, "transformers"),
                             assistant_model=draft.model, num_assistant_tokens=20,
                             num_assistant_tokens_schedule="constant", assistant_confidence_threshold=0.4))
     if lossy:
         methods.append(draft_then_score_method(target, draft, max_new_tokens, sampling))
     if universal_draft is not None:
-        methods.append(peer("universal assisted (transformers)", {"source": "draft model, other tokenizer"},
+        methods.append(peer("universal assisted (transformers)",
+                            CandidateSource("draft model, other tokenizer", "transformers"),
                             assistant_model=universal_draft.model, tokenizer=target.tokenizer,
                             assistant_tokenizer=universal_draft.tokenizer))
     return methods
@@ -252,7 +269,7 @@ def speculative_methods(target: LoadedModel, draft: LoadedModel, k: int, max_new
 
 def k_sweep(target: LoadedModel, draft: LoadedModel, k_values: Sequence[int], max_new_tokens: int,
             sampling: Sampling = GREEDY) -> list[Method]:
-    """Our speculative decoder at each k (`method.params["k"]`), constant k: the sweep joins a
+    """Our speculative decoder at each k (`method.source.k`), constant k: the sweep joins a
     line-up that holds the target's AR."""
     return [draft_model_speculative(target, draft, k, max_new_tokens, sampling) for k in k_values]
 
@@ -264,19 +281,18 @@ def quantized_pairs(target: LoadedModel, drafts: Sequence[tuple[quantize.Pair, L
     target_quantization = drafts[0][0].target if drafts else target.quantization
     unquantized = target_quantization == "none"
     methods = [ar(target, max_new_tokens, name=f"target {quantize.label(target_quantization, dtype)} AR",
-                  lossless=unquantized)]
+                  lossless=unquantized, weights=Weights(quantization=target_quantization))]
     for pair, draft in drafts:
         check_same_tokenizer(target.tokenizer, draft.tokenizer, target.name, draft.name)
         methods.append(draft_model_speculative(
             target, draft, k, max_new_tokens, name=pair.name(dtype), lossless=unquantized,
-            params={"target_quantization": pair.target, "draft_quantization": pair.draft,
-                    "self_draft": pair.self_draft}))
+            weights=Weights(quantization=pair.target, draft_quantization=pair.draft, self_draft=pair.self_draft)))
     return methods
 
 
 def cllm(base: LoadedModel, cllm_model: LoadedModel | None, max_new_tokens: int, block_size: int,
          init: str = "prompt_tokens", with_ar: bool = True, with_jacobi: bool = True,
-         lookahead_configs: Sequence[dict] = ()) -> list[Method]:
+         lookahead_configs: Sequence[LookaheadConfig | dict] = ()) -> list[Method]:
     """AR on the base model (the baseline and the reference text), Jacobi on the base model
     (lossless) and on the CLLM (a fine-tuned model: its text is its own, not the base's), lookahead
     decoding of the base model (lossless, training-free) with each config, and lookahead decoding of

@@ -24,18 +24,20 @@ predicted speedup is AR's predicted time over the method's, per prompt, then a g
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 
 import pandas as pd
 import torch
 
 from tqdm.auto import tqdm
 
-from specdec_lab import data, hardware, metrics
+from specdec_lab import cost_model, data, hardware, metrics
 from specdec_lab.decoders import autoregressive
 from specdec_lab.decoders.candidates import (Candidates, DraftLength, HybridCandidates, PromptLookupCandidates,
                                             match_continuation)
 from specdec_lab.decoders.common import clock, forward, new_cache
+from specdec_lab.experiments import lineups
+from specdec_lab.method import CandidateSource, HybridSettings, source_columns
 from specdec_lab.sampling import GREEDY
 
 
@@ -173,7 +175,7 @@ class Costs:
 
     def verify(self, n: int) -> float:
         """T(n) / T(1), linear between measured n (flat beyond the last: an underestimate there)."""
-        return metrics.cost_at(self.relative_target, n)
+        return cost_model.cost_at(self.relative_target, n)
 
 
 def predicted_time(run: Replay, prefill_s: float, step_s: float, draft_prefill_s: float, costs: Costs) -> float:
@@ -187,62 +189,62 @@ def predicted_time(run: Replay, prefill_s: float, step_s: float, draft_prefill_s
 
 
 @dataclass(frozen=True)
-class Source:
-    """One (candidate source, k) the picker predicts: `make(forecast)` builds it for one prompt."""
+class Candidate:
+    """One candidate source the picker predicts, described by the same record as the line-up's
+    method that runs it; `make(forecast)` builds its replay for one prompt."""
 
-    name: str
-    kind: str  # "prompt lookup", "draft model", "hybrid": a Method's params["source"]
-    k: int
-    schedule: str | None  # as the Method's params name it (None: they name none)
-    implementation: str
+    name: str  # what the picker's tables show
+    source: CandidateSource
     make: Callable[[DraftForecast], object]
 
 
-def hybrid_source(k: int, prompt_lookup_k: int, cost_ratio: float, settings: dict,
-                  adaptive_threshold: float = 0.4) -> Source:
-    """The hybrid with `settings` (HybridCandidates' prior_acceptance, extend_lookups), its draft replayed."""
+def hybrid_candidate(k: int, prompt_lookup_k: int, cost_ratio: float, settings: HybridSettings,
+                     adaptive_threshold: float = 0.4) -> Candidate:
+    """The hybrid with `settings`, its draft replayed."""
     def make(forecast):
         return HybridCandidates(None, k, prompt_lookup_k, cost_ratio=cost_ratio, confidence_threshold=adaptive_threshold,
-                                draft=TeacherForcedDraft(forecast, k, "heuristic", adaptive_threshold), **settings)
-    label = ", ".join(f"{key}={value}" for key, value in settings.items())
-    return Source(f"hybrid (k from {k}, lookup k={prompt_lookup_k}; {label})", "hybrid", k, None, "ours", make)
+                                draft=TeacherForcedDraft(forecast, k, "heuristic", adaptive_threshold),
+                                prior_acceptance=settings.prior_acceptance, extend_lookups=settings.extend_lookups)
+    return Candidate(f"hybrid (k from {k}, lookup k={prompt_lookup_k}; {settings.label()})",
+                     lineups.hybrid_source(k, prompt_lookup_k, settings, adaptive_threshold), make)
 
 
-def hybrid_settings_grid(draft_agreement: float) -> list[dict]:
+def hybrid_settings_grid(draft_agreement: float) -> list[HybridSettings]:
     """The hybrid defaults the picker weighs: the draft's prior acceptance (its measured agreement,
     HybridCandidates' 0.6, a sceptical 0.3) and whether lookups that run out are extended by the draft."""
-    priors = sorted({round(min(draft_agreement, 0.99), 2), 0.6, 0.3}, reverse=True)
-    return [{"prior_acceptance": prior, "extend_lookups": extend} for prior in priors for extend in (True, False)]
+    priors = sorted({round(min(draft_agreement, 0.99), 2), HybridSettings.prior_acceptance, 0.3}, reverse=True)
+    return [HybridSettings(prior, extend) for prior in priors for extend in (True, False)]
 
 
 def choose_hybrid(calibrations, costs: "Costs", k: int, prompt_lookup_k: int, cost_ratio: float,
-                  draft_agreement: float, adaptive_threshold: float = 0.4) -> tuple[dict, pd.DataFrame]:
+                  draft_agreement: float, adaptive_threshold: float = 0.4) -> tuple[HybridSettings, pd.DataFrame]:
     """The hybrid's defaults: the settings with the highest predicted speedup, a geometric mean over
     categories of each category's geometric mean over prompts (every kind of text counts alike)."""
     records = []
     for settings in hybrid_settings_grid(draft_agreement):
-        source = hybrid_source(k, prompt_lookup_k, cost_ratio, settings, adaptive_threshold)
-        by_category = per_category(predict(calibrations, [source], costs))
-        records.append({**settings, **dict(zip(by_category.category, by_category.predicted_speedup)),
+        candidate = hybrid_candidate(k, prompt_lookup_k, cost_ratio, settings, adaptive_threshold)
+        by_category = per_category(predict(calibrations, [candidate], costs))
+        records.append({**asdict(settings), **dict(zip(by_category.category, by_category.predicted_speedup)),
                         "overall": metrics.geometric_mean(by_category.predicted_speedup)})
     grid = pd.DataFrame(records)
     best = grid.loc[grid.overall.idxmax()]
-    return {"prior_acceptance": float(best.prior_acceptance), "extend_lookups": bool(best.extend_lookups)}, grid
+    return HybridSettings(float(best.prior_acceptance), bool(best.extend_lookups)), grid
 
 
-def sources(k_values: Sequence[int], k: int, prompt_lookup_k: int, cost_ratio: float, hybrid_settings: dict,
-            adaptive_threshold: float = 0.4) -> list[Source]:
+def candidates(k_values: Sequence[int], k: int, prompt_lookup_k: int, cost_ratio: float,
+               hybrid_settings: HybridSettings, adaptive_threshold: float = 0.4) -> list[Candidate]:
     """Every source the picker weighs: the draft at each constant k and with the adaptive schedule,
     our prompt lookup, transformers' prompt lookup rule, and the hybrid with its chosen settings."""
-    listed = [Source(f"draft k={kk}", "draft model", kk, "constant", "ours",
-                     lambda f, kk=kk: TeacherForcedDraft(f, kk)) for kk in k_values]
-    listed.append(Source(f"draft adaptive k from {k}", "draft model", k, "heuristic", "ours",
-                         lambda f: TeacherForcedDraft(f, k, "heuristic", adaptive_threshold)))
-    listed.append(Source(f"prompt lookup k={prompt_lookup_k}", "prompt lookup", prompt_lookup_k, "heuristic", "ours",
-                         lambda f: PromptLookupCandidates(prompt_lookup_k)))
-    listed.append(Source(f"prompt lookup k={prompt_lookup_k} (transformers' rule)", "prompt lookup",
-                         prompt_lookup_k, None, "transformers", lambda f: FirstMatchLookup(prompt_lookup_k)))
-    listed.append(hybrid_source(k, prompt_lookup_k, cost_ratio, hybrid_settings, adaptive_threshold))
+    listed = [Candidate(f"draft k={kk}", lineups.draft_source(kk), lambda f, kk=kk: TeacherForcedDraft(f, kk))
+              for kk in k_values]
+    listed.append(Candidate(f"draft adaptive k from {k}", lineups.draft_source(k, "heuristic", adaptive_threshold),
+                            lambda f: TeacherForcedDraft(f, k, "heuristic", adaptive_threshold)))
+    listed.append(Candidate(f"prompt lookup k={prompt_lookup_k}", lineups.prompt_lookup_source(prompt_lookup_k),
+                            lambda f: PromptLookupCandidates(prompt_lookup_k, max_ngram=lineups.PROMPT_LOOKUP_NGRAM)))
+    listed.append(Candidate(f"prompt lookup k={prompt_lookup_k} (transformers' rule)",
+                            lineups.prompt_lookup_source(prompt_lookup_k, implementation="transformers"),
+                            lambda f: FirstMatchLookup(prompt_lookup_k, lineups.TRANSFORMERS_PROMPT_LOOKUP_NGRAM)))
+    listed.append(hybrid_candidate(k, prompt_lookup_k, cost_ratio, hybrid_settings, adaptive_threshold))
     return listed
 
 
@@ -312,16 +314,17 @@ def draft_agreement(calibrations: Sequence[Calibration]) -> float:
     return hits / total if total else float("nan")
 
 
-def predict(calibrations: Sequence[Calibration], listed: Sequence[Source], costs: Costs) -> pd.DataFrame:
-    """One row per (source, prompt): tokens per target forward and the predicted speedup over AR."""
+def predict(calibrations: Sequence[Calibration], listed: Sequence[Candidate], costs: Costs) -> pd.DataFrame:
+    """One row per (source, prompt): the source's record as columns, tokens per target forward and
+    the predicted speedup over AR."""
     records = []
     for cal in calibrations:
         ar_time = cal.prefill_s + (len(cal.continuation) - 1) * cal.step_s
         for item in listed:
             run = replay(item.make(cal.forecast), cal.prompt_ids, cal.continuation, cal.max_new_tokens)
             method_time = predicted_time(run, cal.prefill_s, cal.step_s, cal.forecast.prefill_s, costs)
-            records.append({"source": item.name, "kind": item.kind, "k": item.k, "schedule": item.schedule,
-                            "implementation": item.implementation, "prompt_id": cal.prompt_id,
+            records.append({"source": item.name, **source_columns(item.source),
+                            "implementation": item.source.implementation, "prompt_id": cal.prompt_id,
                             "category": cal.category,
                             "tokens_per_target_forward": len(cal.continuation) / len(run.proposed),
                             "predicted_speedup": ar_time / method_time})
@@ -329,12 +332,13 @@ def predict(calibrations: Sequence[Calibration], listed: Sequence[Source], costs
 
 
 def per_category(predictions: pd.DataFrame) -> pd.DataFrame:
-    """Per (category, source): predicted speedup (geometric mean over the calibration prompts)."""
+    """Per (category, source): predicted speedup (geometric mean over the calibration prompts), with
+    the source's record as columns."""
+    described = [*source_columns(None), "implementation"]
     return (predictions.groupby(["category", "source"], sort=False)
             .agg(predicted_speedup=("predicted_speedup", metrics.geometric_mean),
                  tokens_per_target_forward=("tokens_per_target_forward", "mean"),
-                 prompts=("prompt_id", "nunique"), kind=("kind", "first"), k=("k", "first"),
-                 schedule=("schedule", "first"), implementation=("implementation", "first"))
+                 prompts=("prompt_id", "nunique"), **{column: (column, "first") for column in described})
             .reset_index())
 
 

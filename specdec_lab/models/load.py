@@ -16,15 +16,9 @@ from pathlib import Path
 
 import torch
 
-from specdec_lab.models import zoo
+from specdec_lab.models import quantize, zoo
+from specdec_lab.models.dtypes import DEVICES, device_type, parse_dtype
 
-DTYPES = {
-    "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
-    "float32": torch.float32, "fp32": torch.float32,
-    "float16": torch.float16, "fp16": torch.float16,
-}
-DTYPE_LABELS = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32"}
-DEVICES = ("cpu", "cuda", "auto")
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.\-]*/[\w.\-]+$")
 
 
@@ -43,21 +37,6 @@ class LoadedModel:
     @property
     def weight_bytes(self) -> int:
         return weight_bytes(self.model)
-
-
-def parse_dtype(dtype: str | torch.dtype) -> torch.dtype:
-    if isinstance(dtype, torch.dtype):
-        return dtype
-    if dtype not in DTYPES:
-        raise ValueError(f"unknown dtype {dtype!r}: use one of {', '.join(DTYPES)}")
-    return DTYPES[dtype]
-
-
-def device_type(device: str) -> str:
-    """'cpu' or 'cuda': what `device='auto'` resolves to on this machine."""
-    if device == "auto":
-        return "cuda" if torch.cuda.is_available() else "cpu"
-    return device
 
 
 def resolve(spec: str) -> tuple[str, dict]:
@@ -149,8 +128,6 @@ def load(
     `device='auto'` spreads the model with accelerate. On CPU in bf16/fp16, the Linear layers that
     stay unquantized compute W @ x^T (`cpu_kernels.WeightLeftLinear`) unless fast_cpu_linear=False."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    from specdec_lab.models import quantize
 
     torch_dtype = parse_dtype(dtype)
     if device not in DEVICES:

@@ -29,7 +29,7 @@ from pathlib import Path
 import torch
 
 from specdec_lab.models import zoo
-from specdec_lab.models.load import DTYPE_LABELS, device_type, parse_dtype
+from specdec_lab.models.dtypes import DTYPE_LABELS, device_type, parse_dtype
 
 QUANTIZATIONS = ("none", "nf4", "fp4", "int8", "torch-int8", "int8-wo", "int4-wo", "int4-gguf")
 BITSANDBYTES_QUANTIZATIONS = ("nf4", "fp4", "int8")  # "int8" = LLM.int8 (int8 weights, fp16 outliers)

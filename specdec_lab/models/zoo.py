@@ -171,7 +171,8 @@ def convert_gguf(gguf_path: Path, hf_dir: Path) -> None:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    staging = hf_dir.with_name(hf_dir.name + ".converting")
+    # a staging folder of this process's own: two processes converting at once must not write into one
+    staging = hf_dir.with_name(f"{hf_dir.name}.converting-{os.getpid()}")
     shutil.rmtree(staging, ignore_errors=True)
     model = AutoModelForCausalLM.from_pretrained(gguf_path.parent, gguf_file=gguf_path.name, dtype=torch.float32)
     tokenizer = AutoTokenizer.from_pretrained(gguf_path.parent, gguf_file=gguf_path.name)

@@ -27,6 +27,22 @@ from specdec_lab.result import GenerationResult
 from specdec_lab.runs import jsonl
 
 
+KERNEL_FLAGS = ("amx_bf16", "amx_int8", "amx_tile", "avx512_bf16", "avx512f", "avx2")  # what decides bf16/int speed
+
+
+def cpu_model(cpuinfo: str = "/proc/cpuinfo") -> dict:
+    """The CPU's model name and which of KERNEL_FLAGS it has: the same code runs 2.6x apart in bf16
+    on an Intel Xeon with AMX and an AMD EPYC without (empty where /proc/cpuinfo is missing)."""
+    try:
+        text = Path(cpuinfo).read_text()
+    except OSError:
+        return {"cpu_model": None, "cpu_flags": None}
+    fields = dict(line.split(":", 1) for line in text.splitlines() if ":" in line)
+    fields = {key.strip(): value.strip() for key, value in fields.items()}
+    flags = set(fields.get("flags", "").split())
+    return {"cpu_model": fields.get("model name"), "cpu_flags": [flag for flag in KERNEL_FLAGS if flag in flags]}
+
+
 def environment() -> dict:
     """What a number depends on besides the code: hardware, library versions, threads."""
     import transformers
@@ -36,6 +52,7 @@ def environment() -> dict:
         "torch": torch.__version__,
         "transformers": transformers.__version__,
         "cpu": platform.processor() or platform.machine(),
+        **cpu_model(),
         "torch_threads": torch.get_num_threads(),
         "cuda_device": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
     }
@@ -82,19 +99,9 @@ def run(
     method name to the prompt ids it runs on (all prompts when absent): a sweep on a few prompts
     then shares the baseline rows of the same units instead of timing its own.
     """
-    if not methods:
-        raise ValueError("no methods given: pass a list of Method records")
+    check_arguments(methods, prompts, repeats, only_on or {})
     names = [method.name for method in methods]
-    if len(set(names)) != len(names):
-        raise ValueError(f"method names must be unique within a run (rows are keyed by them): {names}")
-    if not prompts:
-        raise ValueError("empty prompt set: check prompt_set and num_prompts in the parameters")
-    if repeats < 1:
-        raise ValueError(f"repeats must be >= 1, got {repeats}")
     only_on = {name: set(ids) for name, ids in (only_on or {}).items()}
-    unknown = sorted(set(only_on) - set(names))
-    if unknown:
-        raise ValueError(f"only_on names methods that are not in the run: {unknown}; known are {names}")
 
     def names_on(prompt_id: str) -> list[str]:
         return [name for name in names if name not in only_on or prompt_id in only_on[name]]
@@ -126,8 +133,28 @@ def run(
 
     # the file may hold more of this configuration (an earlier run over more prompts or repeats): not asked for now
     complete = complete_units(jsonl.rows_of_run(out, run_id), names_on)
-    rows = [row for p in prompts for rep in range(repeats) for row in complete[(p.id, rep)]]
+    # a row's labels are its method's record as the line-up describes it now (the run id ties the
+    # row to these names and this configuration), so rows written before a label was added have it too
+    labels = {method.name: method.labels() for method in methods}
+    rows = [{**row, **labels[row["decoder"]]} for p in prompts for rep in range(repeats) for row in complete[(p.id, rep)]]
     return pd.DataFrame(rows)
+
+
+def check_arguments(methods: Sequence[Method], prompts: Sequence[Prompt], repeats: int,
+                    only_on: Mapping[str, Collection[str]]) -> None:
+    """Fail before anything runs, naming the bad argument."""
+    if not methods:
+        raise ValueError("no methods given: pass a list of Method records")
+    names = [method.name for method in methods]
+    if len(set(names)) != len(names):
+        raise ValueError(f"method names must be unique within a run (rows are keyed by them): {names}")
+    if not prompts:
+        raise ValueError("empty prompt set: check prompt_set and num_prompts in the parameters")
+    if repeats < 1:
+        raise ValueError(f"repeats must be >= 1, got {repeats}")
+    unknown = sorted(set(only_on) - set(names))
+    if unknown:
+        raise ValueError(f"only_on names methods that are not in the run: {unknown}; known are {names}")
 
 
 def complete_units(rows: list[dict], names: Sequence[str] | Callable[[str], Sequence[str]]

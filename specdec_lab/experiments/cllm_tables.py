@@ -1,0 +1,175 @@
+"""Notebook 04's tables, computed from benchmark rows and cost curves: numbers only, tested on
+synthetic rows. `cllm` runs the experiment; `cllm_words` says what these tables show."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import pandas as pd
+
+from specdec_lab import cost_model, data, quality
+from specdec_lab.cllm import trajectories
+from specdec_lab.experiments import lineups
+from specdec_lab.method import LookaheadConfig
+from specdec_lab.result import JacobiStats
+
+
+@dataclass
+class Tables:
+    train_set: list[data.Prompt]
+    held_out_set: list[data.Prompt]
+    collected: dict  # trajectory counts (trajectories.summary)
+    losses: pd.DataFrame  # one row per optimizer step
+    cllm_folder: Path
+    rows: pd.DataFrame  # held-out rows: AR, Jacobi and lookahead of the base model and the CLLM
+    table: pd.DataFrame  # one line per method, with ms_per_forward
+    blocks: pd.DataFrame  # one row per Jacobi block
+    block_stats: pd.DataFrame  # per method: iterations, fast-forwarded, stationary tokens per block
+    seen_and_held_out: pd.DataFrame  # Jacobi rows on training prompts and on held-out ones
+    tokens_per_forward_by_prompts: pd.DataFrame  # method x (training / held-out databases)
+    nll: pd.DataFrame  # NLL of the base model's held-out answers under base and CLLM
+    looping: int  # CLLM held-out answers that loop
+    cost_curves: pd.DataFrame  # T(n) per model: model, dtype, n, ms, relative_to_one
+    break_even: pd.DataFrame  # per model and parallel method: tokens per forward needed to beat AR
+    reference_table: pd.DataFrame | None = None  # AR vs lookahead (vs Jacobi) on an untrained larger model
+    reference_blocks: pd.DataFrame | None = None
+    sql_accuracy: pd.DataFrame | None = None  # per method: exact match of its held-out SQL with Spider's gold
+    accuracy_pairs: dict | None = None  # base vs CLLM prompt by prompt (`paired_answers`)
+    cllm_lookahead: str | None = None  # the method name of lookahead decoding on the CLLM, when run
+    base_lookahead: str | None = None  # and of lookahead on the base model with the same W, N, G
+
+
+def groups(prompts: Sequence[data.Prompt]) -> list[str]:
+    return sorted({p.group for p in prompts})
+
+
+def ms_per_forward(rows: pd.DataFrame) -> pd.Series:
+    """Per method: wall time per target forward pass (ms), all samples pooled."""
+    totals = rows.groupby("decoder")[["wall_time_s", "target_forwards"]].sum()
+    return 1000 * totals.wall_time_s / totals.target_forwards
+
+
+def looping_answers(rows: pd.DataFrame, decoder: str) -> int:
+    """How many of `decoder`'s answers (one per prompt) loop; a loop converges in few iterations,
+    so looping answers inflate tokens per forward."""
+    answers = rows[rows.decoder == decoder].drop_duplicates("prompt_id").tokens
+    return int(answers.map(trajectories.is_degenerate).sum())
+
+
+def seen_and_held_out(seen: pd.DataFrame, held_out: pd.DataFrame) -> pd.DataFrame:
+    """The Jacobi rows on training prompts and on held-out ones, labelled in a `prompts` column. A
+    CLLM that gains on the prompts it trained on but not on new ones has learned them, not the task."""
+    held_out = held_out[held_out.decoder.isin(set(seen.decoder))]
+    both = pd.concat([seen.assign(prompts="training databases"), held_out.assign(prompts="held-out databases")])
+    return both[both.role == "parallel"].reset_index(drop=True)
+
+
+def answer_matches(rows: pd.DataFrame, gold: dict[str, str]) -> pd.Series:
+    """(method, prompt id) -> whether its held-out answer (first repeat) matches Spider's gold query
+    (`quality.sql_exact_match`), in the rows' order of methods."""
+    answers = rows[rows.repeat == 0].drop_duplicates(["decoder", "prompt_id"])
+    return pd.Series([quality.sql_exact_match(text, gold[prompt_id])
+                      for text, prompt_id in zip(answers.text, answers.prompt_id)],
+                     index=pd.MultiIndex.from_arrays([answers.decoder, answers.prompt_id]))
+
+
+def sql_accuracy(rows: pd.DataFrame, gold: dict[str, str]) -> pd.DataFrame:
+    """Per method: the share of its held-out answers whose SQL matches the gold query, and the prompt
+    count. The lossless methods answer as the base model does; the CLLM answers as itself."""
+    matches = answer_matches(rows, gold).astype(float).groupby(level="decoder", sort=False)
+    return pd.DataFrame({"exact_match": matches.mean(), "prompts": matches.size()})
+
+
+def paired_answers(rows: pd.DataFrame, gold: dict[str, str], first: str, second: str) -> dict[str, int]:
+    """How two methods' held-out answers (first repeat) compare prompt by prompt: right in both, only
+    in `first`, only in `second`, in neither. Two accuracies from the same few prompts differ by the
+    prompts one gets right and the other wrong; these counts say how many that is."""
+    matches = answer_matches(rows[rows.decoder.isin([first, second])], gold)
+    shared = set(matches[first].index) & set(matches[second].index)
+    right = {method: {p for p in shared if matches[method][p]} for method in (first, second)}
+    return {"both": len(right[first] & right[second]), "only_first": len(right[first] - right[second]),
+            "only_second": len(right[second] - right[first]), "neither": len(set(shared) - right[first] - right[second])}
+
+
+def block_table(rows: pd.DataFrame) -> pd.DataFrame:
+    """One row per Jacobi block (of the rows that are Jacobi decoding): iterations to converge,
+    fast-forwarded and stationary tokens."""
+    records = []
+    for row in rows[rows.jacobi.notna()].itertuples() if "jacobi" in rows else ():
+        for index, block in enumerate(JacobiStats.from_dict(row.jacobi).blocks):
+            records.append({"decoder": row.decoder, "prompt_id": row.prompt_id, "repeat": row.repeat, "block": index,
+                            "iterations": block.iterations, "fast_forward": block.fast_forward,
+                            "stationary": block.stationary})
+    return pd.DataFrame(records, columns=["decoder", "prompt_id", "repeat", "block", "iterations", "fast_forward",
+                                          "stationary"])
+
+
+def block_summary(blocks: pd.DataFrame) -> pd.DataFrame:
+    """Per method: mean iterations per block, fast-forwarded and stationary tokens per block."""
+    return blocks.groupby("decoder").agg(blocks=("block", "size"), iterations_per_block=("iterations", "mean"),
+                                         fast_forward_per_block=("fast_forward", "mean"),
+                                         stationary_per_block=("stationary", "mean"))
+
+
+def relative_cost(curve: pd.DataFrame, n: int) -> float:
+    """T(n) / T(1) from one model's curve, linear between measured n; NaN beyond the largest."""
+    if n > curve.n.max():
+        return float("nan")
+    return cost_model.cost_at(curve.set_index("n").relative_to_one, n)
+
+
+def break_even_table(curves: pd.DataFrame, block_size: int, lookahead_configs) -> pd.DataFrame:
+    """Per model: the tokens per forward at which each parallel method beats AR, T(n) / T(1) with n
+    the tokens one pass carries: a Jacobi block of 8, 16 (and the profile's block size) or 32, and
+    each lookahead config's 1 + (W + G)(N - 1)."""
+    methods = {f"Jacobi, block of {b}": b for b in sorted({8, 16, 32, block_size})}
+    for config in map(LookaheadConfig.from_mapping, lookahead_configs):
+        methods[f"Lookahead {config.label()}"] = config.tokens_per_pass
+    records = []
+    for (model, dtype), curve in curves.groupby(["model", "dtype"], sort=False):
+        for method, n in methods.items():
+            records.append({"model": f"{model} ({dtype})", "method": method, "tokens_per_pass": n,
+                            "break_even_tokens_per_forward": relative_cost(curve, n)})
+    return pd.DataFrame(records)
+
+
+def cllm_pick(break_even: pd.DataFrame, reachable: float = 1.5) -> pd.Series | None:
+    """The (model, Jacobi block) the cost curve favours for a CLLM: among blocks that break even at
+    or below `reachable` tokens per forward (what a CLLM should reach, the issue's target), the
+    largest block, then the cheapest. None when no model's block is that cheap."""
+    jacobi = break_even[break_even.method.str.startswith("Jacobi")]
+    cheap = jacobi[jacobi.break_even_tokens_per_forward <= reachable]
+    if cheap.empty:
+        return None
+    return cheap.sort_values(["tokens_per_pass", "break_even_tokens_per_forward"], ascending=[False, True]).iloc[0]
+
+
+def accuracy_names(accuracy: pd.DataFrame) -> dict[str, str]:
+    """The models whose SQL accuracy is reported, by their method's row: the pretrained model (when
+    04 fine-tunes it first), the base and the CLLM."""
+    names = {lineups.PRETRAINED_AR: "pretrained", lineups.BASE_AR: "base", lineups.CLLM_JACOBI: "CLLM"}
+    return {method: name for method, name in names.items() if method in accuracy.index}
+
+
+def jacobi_numbers(tables: Tables) -> dict:
+    """What the findings say of Jacobi decoding, the base model against the CLLM: tokens per forward
+    (held out and on training prompts), iterations per block, the cost of a Jacobi forward against
+    an AR one, speedups, agreement, NLL and looping answers."""
+    table, base, cllm = tables.table, lineups.BASE_JACOBI, lineups.CLLM_JACOBI
+    seen = tables.tokens_per_forward_by_prompts["training databases"]
+    nll = tables.nll.groupby("model").nll_per_token.mean()
+    trained_on = tables.seen_and_held_out[tables.seen_and_held_out.prompts == "training databases"]
+    return {
+        "held_out_prompts": len(tables.held_out_set), "training_steps": len(tables.losses),
+        "training_prompts": tables.collected["training_prompts"], "looping_removed": tables.collected["degenerate_removed"],
+        "base_tpf": table.tokens_per_target_forward[base], "cllm_tpf": table.tokens_per_target_forward[cllm],
+        "base_iterations": tables.block_stats.iterations_per_block[base],
+        "cllm_iterations": tables.block_stats.iterations_per_block[cllm],
+        "seen_prompts": trained_on.prompt_id.nunique(), "base_seen_tpf": seen[base], "cllm_seen_tpf": seen[cllm],
+        "jacobi_cost": table.ms_per_forward[base] / table.ms_per_forward[lineups.BASE_AR],
+        "base_speedup": table.speedup[base], "cllm_speedup": table.speedup[cllm],
+        "cllm_agreement": table.agreement[cllm], "base_nll": nll["base"], "cllm_nll": nll["CLLM"],
+        "looping": tables.looping, "cllm_answers": tables.rows[tables.rows.decoder == cllm].prompt_id.nunique(),
+    }

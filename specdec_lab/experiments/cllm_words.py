@@ -1,0 +1,119 @@
+"""Notebook 04 in words: each sentence reads its numbers from the tables (`cllm_tables`), never
+from typed text."""
+
+from __future__ import annotations
+
+from specdec_lab import words
+from specdec_lab.experiments import lineups
+from specdec_lab.experiments.cllm_tables import Tables, accuracy_names, cllm_pick, jacobi_numbers
+from specdec_lab.metrics import Speedup
+
+
+def cost_findings(tables: Tables, params: dict) -> str:
+    be = tables.break_even
+    own = be[be.model == f"{params['model']} ({params['dtype']})"].set_index("method").break_even_tokens_per_forward
+    jacobi = f"Jacobi, block of {params['block_size']}"
+    pick = cllm_pick(be)
+    text = (f"A Jacobi iteration over a block of {params['block_size']} costs **{own[jacobi]:.2f}x** an AR step of "
+            f"{params['model']} ({params['dtype']}) here, so Jacobi decoding or a CLLM on it needs more than "
+            f"{own[jacobi]:.2f} tokens per forward to beat AR. ")
+    if pick is None:
+        return text + "No measured model has a Jacobi block that breaks even at 1.5 tokens per forward or less."
+    text += (f"The cost curves favour **{pick.model}** with blocks of **{pick.tokens_per_pass}** for a CLLM: there a "
+             f"block breaks even at {pick.break_even_tokens_per_forward:.2f} tokens per forward, the largest block "
+             f"within the 1.5 tokens per forward a CLLM should reach. ")
+    if pick.model == f"{params['model']} ({params['dtype']})":
+        return text + "This profile trains that model."
+    return text + (f"This profile trains {params['model']} all the same: the favoured model's training does not fit "
+                   f"its budget (the `cpu-full` profile trains a larger one).")
+
+
+def headline(tables: Tables) -> dict:
+    tpf, seen = tables.table.tokens_per_target_forward, tables.tokens_per_forward_by_prompts["training databases"]
+    cllm = tables.table.loc[lineups.CLLM_JACOBI]
+    line = {
+        "Jacobi tokens/forward, base": round(float(tpf[lineups.BASE_JACOBI]), 3),
+        "Jacobi tokens/forward, CLLM": round(float(tpf[lineups.CLLM_JACOBI]), 3),
+        "Jacobi tokens/forward, CLLM on training prompts": round(float(seen[lineups.CLLM_JACOBI]), 3),
+        "Jacobi (CLLM) speedup over AR (per token)": words.interval(Speedup.from_line(cllm)),
+        "CLLM agreement with base greedy": round(float(tables.table.agreement[lineups.CLLM_JACOBI]), 3),
+    }
+    if tables.cllm_lookahead is not None:
+        lookahead = tables.table.loc[tables.cllm_lookahead]
+        line[f"{tables.cllm_lookahead}: tokens/forward"] = round(float(lookahead.tokens_per_target_forward), 3)
+        line[f"{tables.cllm_lookahead}: speedup over AR (per token)"] = words.interval(Speedup.from_line(lookahead))
+    if tables.sql_accuracy is not None:
+        accuracy, names = tables.sql_accuracy, accuracy_names(tables.sql_accuracy)
+        shares = " / ".join(f"{accuracy.exact_match[method]:.2f}" for method in names)
+        line["SQL exact match, " + " / ".join(names.values())] = f"{shares} ({int(accuracy.prompts.max())} prompts)"
+    return line
+
+
+def findings(tables: Tables, params: dict) -> str:
+    n = jacobi_numbers(tables)
+    return (
+        f"On {n['held_out_prompts']} held-out prompts, Jacobi decoding of the base model makes **{n['base_tpf']:.2f}** "
+        f"tokens per forward pass; after {n['training_steps']} training steps on {n['training_prompts']} prompts "
+        f"({n['looping_removed']} looping generations removed) the CLLM makes **{n['cllm_tpf']:.2f}** "
+        f"(blocks of {params['block_size']}: {n['base_iterations']:.1f} vs {n['cllm_iterations']:.1f} iterations "
+        f"per block). On {n['seen_prompts']} of its training prompts it makes {n['cllm_seen_tpf']:.2f} "
+        f"(base {n['base_seen_tpf']:.2f}). A Jacobi iteration over the block costs {n['jacobi_cost']:.2f}x an AR step "
+        f"here ({params['dtype']}, {params['device']}), so Jacobi pays only above about {n['jacobi_cost']:.2f} tokens "
+        f"per forward: measured speedup over AR is {n['base_speedup']:.2f}x for the base model and "
+        f"{n['cllm_speedup']:.2f}x for the CLLM. "
+        + cllm_lookahead_findings(tables)
+        + f"Quality: the CLLM's greedy text matches the base model's on {n['cllm_agreement']:.0%} of its tokens "
+        f"on average before the first difference; the NLL of the base model's held-out answers goes from "
+        f"{n['base_nll']:.3f} to {n['cllm_nll']:.3f} nats per token; {n['looping']} of the CLLM's {n['cllm_answers']} "
+        f"held-out answers loop (an 8-token sequence three times or more), which converges in few iterations."
+        + accuracy_findings(tables, params))
+
+
+def cllm_lookahead_findings(tables: Tables) -> str:
+    """Lookahead decoding of the CLLM against AR, and its tokens per forward against the base model's
+    lookahead at the same W, N, G ("" when it did not run)."""
+    if tables.cllm_lookahead is None:
+        return ""
+    line, table = tables.table.loc[tables.cllm_lookahead], tables.table
+    return (f"Lookahead decoding of the CLLM ({tables.cllm_lookahead}) makes **{line.tokens_per_target_forward:.2f}** "
+            f"tokens per forward (the base model {table.tokens_per_target_forward[tables.base_lookahead]:.2f} at the "
+            f"same W, N, G) at {line.ms_per_forward / table.ms_per_forward[lineups.BASE_AR]:.2f}x the time of an AR "
+            f"step: **{words.interval(Speedup.from_line(line))}** AR. ")
+
+
+def accuracy_findings(tables: Tables, params: dict) -> str:
+    """SQL exact match of the base model and the CLLM, prompt by prompt, and of the pretrained model
+    when the base was fine-tuned first ("" for a prompt set without reference answers)."""
+    if tables.sql_accuracy is None:
+        return ""
+    accuracy, pairs = tables.sql_accuracy, tables.accuracy_pairs
+    text = (f" Task quality: the generated SQL matches Spider's gold query (normalized string match) on "
+            f"{accuracy.exact_match[lineups.BASE_AR]:.0%} of the held-out prompts for the base model and "
+            f"{accuracy.exact_match[lineups.CLLM_JACOBI]:.0%} for the CLLM ({int(accuracy.prompts.max())} prompts, "
+            f"{params['max_new_tokens']} tokens: a longer query is cut off and cannot match).")
+    if pairs and sum(pairs.values()):
+        text += (f" Prompt by prompt, the base model answers {pairs['only_first']} right that the CLLM gets wrong and "
+                 f"the CLLM {pairs['only_second']} the other way ({pairs['both']} right in both, {pairs['neither']} in "
+                 f"neither): one prompt is {100 / sum(pairs.values()):.0f} points of accuracy here.")
+    if lineups.PRETRAINED_AR in accuracy_names(accuracy):
+        per_step = params["sft_answers_per_step"]
+        text += (f" The base model is {params['model']} after {params['sft_steps']} steps of fine-tuning ({per_step} "
+                 f"answer{'s' * (per_step != 1)} each) on the gold SQL of the training databases; before them it "
+                 f"matched {accuracy.exact_match[lineups.PRETRAINED_AR]:.0%}.")
+    return text
+
+
+def reference_findings(tables: Tables, params: dict) -> str:
+    table = tables.reference_table
+    parallel = table[table.index != lineups.BASE_AR]
+    best = parallel.speedup.idxmax()
+    lines = [f"Untrained {params['reference_model']} ({params['reference_dtype']}), {int(table.prompts.max())} "
+             f"held-out prompts, {params['max_new_tokens']} tokens:"]
+    for name, line in parallel.iterrows():
+        cost = line.ms_per_forward / table.ms_per_forward[lineups.BASE_AR]
+        lines.append(f"- {name}: **{line.tokens_per_target_forward:.2f}** tokens per forward at {cost:.2f}x the "
+                     f"time of an AR step: **{words.interval(Speedup.from_line(line))}** AR, agreement with AR "
+                     f"greedy {line.agreement:.2f}.")
+    verdict = "pays" if parallel.speedup_low[best] > 1 else "does not pay beyond the noise"
+    lines.append(f"\nThe best, {best}, {verdict} here: a pass must carry more tokens than it costs AR steps.")
+    return "\n".join(lines)
