@@ -42,7 +42,15 @@ GREEDY = Sampling()
 def probabilities(logits: torch.Tensor, sampling: Sampling) -> torch.Tensor:
     """Processed distribution over the vocabulary, in fp32, for logits of shape (..., vocab).
 
-    Greedy is represented as a one-hot on the argmax, which keeps the speculative math uniform.
+    Greedy is represented as a one-hot on the argmax (the first one at a tie, as torch's argmax),
+    which keeps the speculative math uniform. Otherwise temperature, then top-k, then top-p over
+    what top-k left, as transformers' TemperatureLogitsWarper, TopKLogitsWarper and
+    TopPLogitsWarper do:
+    - top-k keeps every token whose logit is at least the k-th largest (ties at the k-th included);
+    - top-p keeps a token while the mass of the tokens before it (in decreasing probability) is
+      below p, so the token whose mass crosses p stays, and the top token always stays.
+    One difference from transformers: when tied tokens straddle p, the same number of them stays,
+    but the kit keeps the lower token ids (a stable sort, decreasing) and transformers the higher.
     """
     logits = logits.float()
     if sampling.greedy:
@@ -52,7 +60,7 @@ def probabilities(logits: torch.Tensor, sampling: Sampling) -> torch.Tensor:
         kth_largest = torch.topk(logits, min(sampling.top_k, logits.shape[-1]), dim=-1).values[..., -1:]
         logits = logits.masked_fill(logits < kth_largest, float("-inf"))
     if sampling.top_p < 1.0:
-        sorted_logits, order = torch.sort(logits, descending=True, dim=-1)
+        sorted_logits, order = torch.sort(logits, descending=True, stable=True, dim=-1)
         cumulative = sorted_logits.softmax(-1).cumsum(-1)
         # drop a token when the mass before it already reaches top_p (the top token always stays)
         drop_sorted = (cumulative - sorted_logits.softmax(-1)) >= sampling.top_p
