@@ -37,7 +37,9 @@ class Speedup:
     def from_line(cls, line, column: str = "speedup", prompts: str = "prompts") -> "Speedup":
         """From a table line (a Series or a namedtuple) with `column`, `column_low`, `column_high`."""
         get = line.get if hasattr(line, "get") else lambda name: getattr(line, name)
-        return cls(float(get(column)), float(get(f"{column}_low")), float(get(f"{column}_high")), int(get(prompts)))
+        count = get(prompts)
+        return cls(float(get(column)), float(get(f"{column}_low")), float(get(f"{column}_high")),
+                   int(count) if pd.notna(count) else 0)
 
     def columns(self, name: str = "speedup") -> dict:
         """The table columns this record fills."""

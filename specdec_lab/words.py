@@ -12,10 +12,13 @@ import pandas as pd
 from specdec_lab.metrics import Speedup
 
 
-def interval(speedup: Speedup, unit: str = "x") -> str:
-    """'1.52x (95% CI 1.31-1.74, 10 prompts)'."""
-    return (f"{speedup.value:.2f}{unit} (95% CI {speedup.low:.2f}-{speedup.high:.2f}, "
-            f"{speedup.prompts} prompt{'s' * (speedup.prompts != 1)})")
+def interval(speedup: Speedup, unit: str = "x", compact: bool = False, prompts: bool = True) -> str:
+    """'1.52x (95% CI 1.31-1.74, 10 prompts)'; in a table column that says what it holds (compact),
+    '1.52 (1.31-1.74, 10 prompts)', or '1.52 (1.31-1.74)' beside a prompts column."""
+    count = f", {speedup.prompts} prompt{'s' * (speedup.prompts != 1)}" if prompts else ""
+    if compact:
+        return f"{speedup.value:.2f} ({speedup.low:.2f}-{speedup.high:.2f}{count})"
+    return f"{speedup.value:.2f}{unit} (95% CI {speedup.low:.2f}-{speedup.high:.2f}{count})"
 
 
 def bullets(lines: Sequence[str]) -> str:
@@ -27,12 +30,14 @@ Format = str | Callable[[object], str]
 
 
 def cell(value, format: Format | None = None) -> str:
-    """One table cell: NaN and None as '-', a Speedup as its interval, numbers by `format`
-    (a format spec like '.2f', or a function)."""
+    """One table cell: NaN and None as '-', a Speedup as its interval, text as it is, numbers by
+    `format` (a format spec like '.2f', or a function)."""
     if value is None or (isinstance(value, float) and math.isnan(value)):
         return "-"
     if isinstance(value, Speedup):
         return interval(value)
+    if isinstance(value, str):
+        return value
     if callable(format):
         return format(value)
     return f"{value:{format}}" if format else str(value)
@@ -56,6 +61,8 @@ def profile_sentence(config: Mapping, other_profile: str, other: Mapping) -> str
     differing = [name for name in config if name not in ("profile", "results_dir") and other.get(name) != config[name]]
     if config.get("profile") == other_profile:
         return f"This run uses the `{other_profile}` profile."
+    if not other:
+        return f"The `{other_profile}` profile has no parameter file for this notebook."
     if not differing:
         return f"This run (profile `{config.get('profile')}`) has the same parameters as `{other_profile}`."
     changes = [f"`{name}`: {config[name]!r} here, {other.get(name)!r} in `{other_profile}`" for name in differing]

@@ -324,8 +324,7 @@ def test_fastest_lossless_ranks_within_each_experiment_by_the_declared_property(
     assert outputs.read_headline(tmp_path, "05_summary") == {
         "fastest lossless method in 02_speculative": "spec: 1.50x (95% CI 1.40-1.60, 10 prompts)",
         "fastest lossless method in 04_cllm": "jacobi: 0.60x (95% CI 0.50-0.70, 10 prompts)"}
-    assert ("| 02_speculative | blog (fast, not lossless) | no | 2.50x (95% CI 2.40-2.60, 10 prompts) |"
-            in summary.markdown_table(str(tmp_path)))
+    assert "| 02_speculative | blog (fast, not lossless) | no | 2.50 (2.40-2.60) | 10 |" in summary.markdown_table(str(tmp_path))
 
 
 def test_the_summary_leaves_out_results_made_with_other_parameters(tmp_path):
@@ -357,3 +356,38 @@ def test_static_cache_loop_makes_the_dynamic_loops_tokens():
     assert list(table.variant) == ["dynamic cache, eager (the kit's decoders)", "static cache, eager"]
     assert table.same_tokens.all() and (table.ms_per_step > 0).all()
     assert table.vs_dynamic.iloc[0] == 1.0
+
+
+def test_per_category_names_our_best_the_hybrid_theirs_and_the_pick_with_measured_intervals():
+    """Catches our best taken from transformers' rows (theirs is faster here), a lossy method
+    counted as a best, the pick's measurement read from another source, and a Markdown table whose
+    columns lose their order."""
+    from types import SimpleNamespace
+
+    from specdec_lab import metrics
+
+    walls = {"lookup": ("ours", "prompt lookup", True, [0.5, 0.4]), "hybrid": ("ours", "hybrid", True, [0.6, 0.6]),
+             "assisted": ("transformers", "draft model", True, [0.25, 0.3]),
+             "blog": ("ours", None, False, [0.1, 0.1])}
+    rows = [row(lineups.TARGET_AR, p, tokens=range(8), wall_time_s=1.0, implementation="ours", source_kind=None,
+                lossless=True, category="code") for p in ("a", "b")]
+    rows += [row(name, p, tokens=range(8), wall_time_s=wall[i], implementation=impl, source_kind=kind,
+                 lossless=lossless, category="code")
+             for name, (impl, kind, lossless, wall) in walls.items() for i, p in enumerate(("a", "b"))]
+    rows = metrics.add_agreement(pd.DataFrame(rows), lineups.TARGET_AR).assign(
+        acceptance_rate=0.5, peak_memory_bytes=2**20, time_to_first_token_s=0.1, tokens_per_target_forward=1.0)
+    rows["tokens_per_second"], rows["ms_per_token"] = 8 / rows.wall_time_s, 1000 * rows.wall_time_s / 8
+    picked = SimpleNamespace(
+        recommended=pd.DataFrame({"category": ["code"], "source": ["lookup k=10"], "predicted_speedup": [2.1]}),
+        table=pd.DataFrame({"category": ["code", "code"], "source": ["draft k=2", "lookup k=10"],
+                            "speedup": [1.1, 2.2], "speedup_low": [1.0, 2.0], "speedup_high": [1.2, 2.4],
+                            "measured_prompts": [2, 2]}))
+    tables = SimpleNamespace(rows=rows, by_category=speculative_tables.by_category(rows), picked=picked)
+    lines = speculative_tables.per_category(tables).set_index("which")
+    assert lines.method.to_dict() == {"our best": "lookup", "hybrid": "hybrid", "transformers' best": "assisted",
+                                      "picker's pick": "lookup k=10"}
+    assert lines.speedup["our best"] == pytest.approx((2 * 2.5) ** 0.5)
+    assert (lines.speedup["picker's pick"], lines.predicted_speedup["picker's pick"]) == (2.2, 2.1)
+    table = speculative_words.per_category_markdown(speculative_tables.per_category(tables)).splitlines()
+    assert table[0] == "| kind of text | our best | hybrid | transformers' best | picker's pick |"
+    assert table[2].endswith("| lookup k=10: predicted 2.10x, measured 2.20x (95% CI 2.00-2.40, 2 prompts) |")

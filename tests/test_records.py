@@ -70,9 +70,10 @@ def test_method_labels_give_every_row_the_same_columns():
 
 
 def test_over_prompts_is_a_geometric_mean_with_its_interval():
-    """Catches an arithmetic mean (3.0 here, not 2.0) and a prompt count that drops the NaN prompt."""
-    found = metrics.over_prompts([1.0, 4.0])
-    assert found.value == pytest.approx(2.0) and found.prompts == 2
+    """Catches an arithmetic mean (2.5 here, not 2.0), a NaN that spoils the mean, and a prompt count
+    that leaves out a prompt whose value is missing (every prompt measured is counted, as before)."""
+    found = metrics.over_prompts([1.0, 4.0, float("nan")])
+    assert found.value == pytest.approx(2.0) and found.prompts == 3
     assert found.low <= found.value <= found.high and found.aggregate == "geometric mean over prompts"
     assert math.isnan(metrics.over_prompts([3.0]).low)  # one prompt says nothing about the spread
 
@@ -93,6 +94,9 @@ def test_interval_words_and_markdown_tables():
         "| method | speedup | tokens/s |", "|---|---|---|",
         "| a | 2.00x (95% CI 1.50-2.50, 3 prompts) | 12.3 |", "| b | 1.00 | - |"]
     assert words.bullets(["x", "y"]) == "- x\n- y"
+    assert words.interval(Speedup(1.523, 1.31, 1.744, 10), compact=True) == "1.52 (1.31-1.74, 10 prompts)"
+    assert words.interval(Speedup(1.523, 1.31, 1.744, 10), compact=True, prompts=False) == "1.52 (1.31-1.74)"
+    assert words.markdown_table(pd.DataFrame({"x": ["1.52 (1.31-1.74)"]}), {"x": ".2f"}).endswith("| 1.52 (1.31-1.74) |")
 
 
 def test_profile_sentence_lists_exactly_the_parameters_that_differ():
@@ -102,6 +106,7 @@ def test_profile_sentence_lists_exactly_the_parameters_that_differ():
     text = words.profile_sentence(config, "cpu-full", full)
     assert "`num_prompts`: 5 here, 10 in `cpu-full`" in text and "max_new_tokens" not in text and "differ in 1 parameter:" in text
     assert words.profile_sentence(full, "cpu-full", full) == "This run uses the `cpu-full` profile."
+    assert "no parameter file" in words.profile_sentence(config, "cpu-full", {})
 
 
 def test_the_environment_names_the_cpu_and_its_kernel_flags(tmp_path):

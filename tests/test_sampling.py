@@ -54,8 +54,8 @@ def test_top_p_keeps_the_token_whose_mass_crosses_p():
     token goes only when the mass before it already reaches p."""
     logits = torch.tensor([0.5, 0.25, 0.125, 0.125]).log()
     assert kept(logits, Sampling(temperature=1.0, top_p=0.6)) == [0, 1]  # 0.5 < 0.6: the 0.25 token crosses it
-    assert kept(logits, Sampling(temperature=1.0, top_p=0.75)) == [0, 1]  # before the third: exactly 0.75, dropped
-    assert kept(logits, Sampling(temperature=1.0, top_p=0.76)) == [0, 1, 2]
+    assert kept(logits, Sampling(temperature=1.0, top_p=0.74)) == [0, 1]  # 0.75 before the third: it goes
+    assert kept(logits, Sampling(temperature=1.0, top_p=0.76)) == [0, 1, 2]  # 0.75 < 0.76: the third crosses it
     assert kept(logits, Sampling(temperature=1.0, top_p=0.4)) == [0]  # the top token always stays
     renormalized = probabilities(logits, Sampling(temperature=1.0, top_p=0.6))
     assert torch.allclose(renormalized, torch.tensor([2 / 3, 1 / 3, 0.0, 0.0]))
@@ -64,13 +64,16 @@ def test_top_p_keeps_the_token_whose_mass_crosses_p():
 def test_top_p_at_a_tie_on_the_boundary_keeps_the_lower_token_id():
     """The one place the kit differs from transformers (documented in `probabilities` and the
     README): when tied tokens straddle p, both keep the same number of tokens and the same mass, but
-    the kit keeps the lower token id and transformers the higher one. Catches an unstable sort,
-    which would make the kept token vary from call to call."""
+    the kit keeps the lower token ids and transformers the higher ones. Catches an unstable sort, whose
+    order among many ties is not the token ids' (which ids stay would then be an accident of the
+    sort's implementation)."""
     logits = torch.tensor([0.4, 0.3, 0.3]).log()
     sampling = Sampling(temperature=1.0, top_p=0.5)
     assert kept(logits, sampling) == [0, 1]
     theirs = torch.nonzero(transformers_probabilities(logits, sampling) > 0)[:, 0].tolist()
     assert theirs == [0, 2]
+    tied = torch.zeros(64)  # 64 equal tokens: top-p 0.5 keeps 32 of them, the lowest ids
+    assert kept(tied, sampling) == list(range(32))
 
 
 @pytest.mark.parametrize("sampling", [Sampling(temperature=1.0, top_k=5), Sampling(temperature=0.7, top_p=0.8),
@@ -87,7 +90,7 @@ def test_the_filters_equal_transformers_warpers_on_random_logits(sampling):
 
 
 def test_top_k_ties_equal_transformers_on_rounded_logits():
-    """Logits rounded to halves, so ties at the k-th largest are common."""
+    """Logits rounded to whole numbers, so ties at the k-th largest are common."""
     generator = torch.Generator().manual_seed(1)
     for _ in range(50):
         logits = (torch.randn(12, generator=generator) * 2).round()

@@ -11,7 +11,7 @@ from specdec_lab import cost_model, metrics
 from specdec_lab.result import GenerationResult
 
 
-def test_the_interval_covers_the_median_of_a_log_normal_about_95_times_in_100():
+def test_the_95_percent_interval_covers_the_median_of_a_log_normal_as_often_as_the_bootstrap_should():
     """Per-prompt speedups drawn from a log-normal with median 1.3 (sigma 0.4, 20 prompts), 1,000
     seeded repetitions. The geometric mean estimates the median, and the percentile bootstrap of a
     mean of 20 covers about 93% of the time (the t-distribution's share within 1.96 * sqrt(19/20)

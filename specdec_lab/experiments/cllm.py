@@ -235,9 +235,6 @@ def run_reference(reference: LoadedModel, params: dict, held_out_set: list[data.
                      warmup=params["warmup"], config=params, desc=params["reference_model"])
 
 
-# --- analysis on rows -------------------------------------------------------------------------------
-
-
 @torch.no_grad()
 def held_out_nll(loaded: dict[str, LoadedModel], rows: pd.DataFrame, prompts: Sequence[data.Prompt],
                  reference_decoder: str = lineups.BASE_AR) -> pd.DataFrame:
@@ -250,11 +247,3 @@ def held_out_nll(loaded: dict[str, LoadedModel], rows: pd.DataFrame, prompts: Se
             nll = quality.continuation_nll(model.model, data.encode(model.tokenizer, prompt), reference[prompt.id])
             records.append({"model": name, "prompt_id": prompt.id, "nll_per_token": float(nll.mean())})
     return pd.DataFrame(records)
-
-
-# --- the cost curve: where parallel decoding can pay ------------------------------------------------
-
-
-# --- words and headline -----------------------------------------------------------------------------
-
-

@@ -243,9 +243,9 @@ def markdown_tables(results_dir: str) -> str:
     return "\n\n".join(tables)
 
 
-def with_interval(frame: pd.DataFrame, column: str) -> list[Speedup]:
-    """A `Speedup` per line, from `column`, `column_low`, `column_high` and `prompts`."""
-    return [Speedup.from_line(line, column) for _, line in frame.iterrows()]
+def with_interval(frame: pd.DataFrame, column: str) -> list[str]:
+    """'0.93 (0.90-0.95, 4 prompts)' per line, from `column`, `column_low`, `column_high` and `prompts`."""
+    return [words.interval(Speedup.from_line(line, column), compact=True) for _, line in frame.iterrows()]
 
 
 def backends_frame(footprints: pd.DataFrame) -> tuple[pd.DataFrame, dict]:
@@ -254,7 +254,7 @@ def backends_frame(footprints: pd.DataFrame) -> tuple[pd.DataFrame, dict]:
     frame = pd.DataFrame({
         "AR backend (target)": footprints.variant, "weights MB": footprints.weight_mb,
         "tokens/s": footprints.tokens_per_second,
-        "speed vs unquantized": with_interval(footprints, "speed_vs_unquantized"),
+        "speed vs unquantized (95% CI)": with_interval(footprints, "speed_vs_unquantized"),
         "decode tokens/s": footprints.decode_tokens_per_second,
         "bandwidth bound tokens/s": footprints.get("bound_tokens_per_second", nan),
         "decode fraction of bound": footprints.get("fraction_of_bound", nan),
@@ -267,7 +267,7 @@ def versus_frame(versus: pd.DataFrame) -> tuple[pd.DataFrame, dict]:
     """Every configuration against llama.cpp's AR as the README shows it, and its formats."""
     frame = pd.DataFrame({
         "configuration": versus.configuration, "tokens/s": versus.tokens_per_second,
-        "vs llama.cpp AR, same run": with_interval(versus, "vs_llama_cpp"),
+        "vs llama.cpp AR, same run (95% CI)": with_interval(versus, "vs_llama_cpp"),
         "llama.cpp tokens/s": versus.llama_cpp_tokens_per_second,
         "agreement with own target": versus.agreement_with_target,
         "with unquantized target": versus.agreement_with_unquantized})

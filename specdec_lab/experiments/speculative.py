@@ -124,7 +124,8 @@ def pick(params: dict, target: models.LoadedModel, draft: models.LoadedModel, c:
     key = jsonl.config_hash(params)
     if saved.exists():
         found = json.loads(saved.read_text())
-        if found.get("key") == key:
+        # a picker.json from before the source records (no source columns) is computed again
+        if found.get("key") == key and "source_kind" in (found.get("table") or [{}])[0]:
             print(f"draft picker: resumed from {saved}")
             return Picked.from_json(found)
     prompts = calibration_prompts(params)
@@ -223,8 +224,9 @@ def readme_columns(by_category: pd.DataFrame) -> pd.DataFrame:
     """`by_category` as the README shows it: the speedup with its interval in one column."""
     return pd.DataFrame({
         "kind of text": by_category.category, "method": by_category.method,
-        "speedup over AR": [Speedup.from_line(line) for _, line in by_category.iterrows()],
-        "tokens/s": by_category.tokens_per_second,
+        "speedup over AR (95% CI)": [words.interval(Speedup.from_line(line), compact=True, prompts=False)
+                                     for _, line in by_category.iterrows()],
+        "prompts": by_category.prompts, "tokens/s": by_category.tokens_per_second,
         "tokens per target forward": by_category.tokens_per_target_forward,
         "agreement with greedy": by_category.agreement})
 

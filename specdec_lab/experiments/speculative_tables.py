@@ -10,7 +10,7 @@ import pandas as pd
 
 from specdec_lab import metrics
 from specdec_lab.experiments import lineups, picker
-from specdec_lab.method import HybridSettings, Method, source_from_columns
+from specdec_lab.method import HybridSettings, Method, source_columns, source_from_columns
 from specdec_lab.metrics import Speedup
 
 
@@ -107,6 +107,9 @@ def picked_vs_measured(predicted: pd.DataFrame, same_prompts: pd.DataFrame, all_
     records = []
     for _, line in predicted.iterrows():
         wanted = source_from_columns(line, line.implementation)
+        if wanted is None:  # a prediction always describes its source: a missing one must not match AR's rows
+            raise ValueError(f"the picker's line {line.source!r} has no source record (columns {source_columns_named}): "
+                             "delete the run's picker.json, made by an older version of the kit, and run again")
         decoders = [decoder for decoder, source in source_of.items() if source == wanted]
         measured = speed[(speed.category == line.category) & speed.decoder.isin(decoders)]
         found = metrics.over_prompts(measured.groupby("prompt_id").speedup.median())
@@ -118,6 +121,9 @@ def picked_vs_measured(predicted: pd.DataFrame, same_prompts: pd.DataFrame, all_
     table["error"] = table.predicted_speedup / table.speedup - 1
     table["error_same_prompts"] = table.predicted_same_prompts / table.speedup - 1
     return table
+
+
+source_columns_named = list(source_columns(None))
 
 
 def per_category(tables: Tables) -> pd.DataFrame:
@@ -168,6 +174,7 @@ def hybrid_targets(tables: Tables, floor: float = 0.97) -> pd.DataFrame:
         nothing_helps = bool((single.speedup_low <= 1).all())
         records.append({"category": category, "best single method": best.method,
                         "hybrid / best": ratio.value, "low": ratio.low, "high": ratio.high, "prompts": ratio.prompts,
+                        "hybrid prompts": int(mine.prompts),
                         "not shown slower": bool(ratio.high >= 1), "nothing helps": nothing_helps,
                         "hybrid over AR": mine.speedup, "hybrid low": mine.speedup_low, "hybrid high": mine.speedup_high,
                         "floor": floor, "at least the floor": bool(mine.speedup >= floor) if nothing_helps else None})

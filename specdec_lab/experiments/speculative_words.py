@@ -61,7 +61,7 @@ def hybrid_findings(targets: pd.DataFrame) -> str:
                 + ("**not shown slower than the best single method** (the interval reaches 1)" if row["not shown slower"]
                    else "**below the best single method**"))
         if row["nothing helps"]:
-            over_ar = Speedup(row["hybrid over AR"], row["hybrid low"], row["hybrid high"], int(row.prompts))
+            over_ar = Speedup(row["hybrid over AR"], row["hybrid low"], row["hybrid high"], int(row["hybrid prompts"]))
             line += (f". No single method is shown to help here (every interval reaches 1); the hybrid runs at "
                      f"{words.interval(over_ar)} AR: " + ("**met**" if row["at least the floor"] else "**missed**")
                      + f" (target ≥ {row.floor}x)")

@@ -87,12 +87,13 @@ def markdown_table(results_dir: str) -> str:
     frame = pd.DataFrame({
         "experiment": table.experiment, "method": table.method,
         "lossless (declared)": table.lossless.map({True: "yes", False: "no"}),
-        "speedup over AR": [Speedup.from_line(line) if interval else line.speedup
-                            for (_, line), interval in zip(table.iterrows(), has_interval)],
+        "speedup over AR (95% CI)": [words.interval(Speedup.from_line(line), compact=True, prompts=False) if interval
+                                     else line.speedup for (_, line), interval in zip(table.iterrows(), has_interval)],
+        "prompts": table.get("prompts"),
         **{name: table.get(column) for name, column in (("tokens/s", "tokens_per_second"),
                                                         ("tokens per target forward", "tokens_per_target_forward"),
                                                         ("agreement with greedy", "agreement"))}})
-    return words.markdown_table(frame, {column: ".2f" for column in frame.columns[3:]})
+    return words.markdown_table(frame, {**{column: ".2f" for column in frame.columns[3:]}, "prompts": ".0f"})
 
 
 def readme_results(results_dir: str) -> str:

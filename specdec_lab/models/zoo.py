@@ -166,12 +166,26 @@ def ensure(name: str) -> Path:
     return hf_dir
 
 
+def _process_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # alive, another user's
+        return True
+    return True
+
+
 def convert_gguf(gguf_path: Path, hf_dir: Path) -> None:
     """GGUF -> transformers folder (model + tokenizer), written atomically."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    # a staging folder of this process's own: two processes converting at once must not write into one
+    # a staging folder of this process's own: two processes converting at once must not write into one;
+    # one left by a process that died mid-conversion (a whole fp32 model) is removed
+    for left in hf_dir.parent.glob(f"{hf_dir.name}.converting-*"):
+        if not _process_alive(int(left.name.rsplit("-", 1)[1])):
+            shutil.rmtree(left, ignore_errors=True)
     staging = hf_dir.with_name(f"{hf_dir.name}.converting-{os.getpid()}")
     shutil.rmtree(staging, ignore_errors=True)
     model = AutoModelForCausalLM.from_pretrained(gguf_path.parent, gguf_file=gguf_path.name, dtype=torch.float32)
