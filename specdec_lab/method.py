@@ -104,10 +104,14 @@ class CandidateSource:
             raise ValueError(f"unknown prompt-lookup match rule {self.match!r}: use one of {MATCH_RULES}")
 
 
-
 NESTED = {"hybrid": HybridSettings, "lookahead": LookaheadConfig}  # source fields that are records
 INTEGER_COLUMNS = {"k", "max_ngram", "prompt_lookup_k", "block_size", "lookahead_window", "lookahead_ngram_size",
                    "lookahead_candidates"}  # read back as ints (a frame with missing values holds them as floats)
+
+
+def column_name(field_name: str) -> str:
+    """A source field's row column: `source_kind` for the kind, the field's own name otherwise."""
+    return "source_kind" if field_name == "kind" else field_name
 
 
 def source_columns(source: CandidateSource | None) -> dict:
@@ -124,7 +128,7 @@ def source_columns(source: CandidateSource | None) -> dict:
             columns.update({f"{item.name}_{sub.name}": getattr(value, sub.name) if value is not None else None
                             for sub in fields(NESTED[item.name])})
         else:
-            columns["source_kind" if item.name == "kind" else item.name] = value
+            columns[column_name(item.name)] = value
     return columns
 
 
@@ -139,7 +143,7 @@ def source_from_columns(columns, implementation: str) -> CandidateSource | None:
 
     if value("source_kind") is None:
         return None
-    plain = {item.name: value("source_kind" if item.name == "kind" else item.name) for item in fields(CandidateSource)
+    plain = {item.name: value(column_name(item.name)) for item in fields(CandidateSource)
              if item.name not in NESTED and item.name != "implementation"}
     nested = {name: record(**{sub.name: value(f"{name}_{sub.name}") for sub in fields(record)})
               for name, record in NESTED.items() if value(f"{name}_{fields(record)[0].name}") is not None}
@@ -160,7 +164,7 @@ class Weights:
         return asdict(self)
 
 
-NO_WEIGHTS = {name: None for name in ("model_role", "quantization", "draft_quantization", "self_draft")}
+NO_WEIGHTS = {item.name: None for item in fields(Weights)}  # the columns of a method without Weights
 
 
 @dataclass(frozen=True)
