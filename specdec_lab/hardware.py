@@ -16,8 +16,10 @@ from collections.abc import Sequence
 import pandas as pd
 import torch
 
-from specdec_lab.decoders.common import clock, forward, new_cache, truncate_cache
+from specdec_lab.decoders.backend import open_sequence, vocab_size
+from specdec_lab.decoders.common import clock
 from specdec_lab.memory import kv_cache_bytes
+from specdec_lab.models.llama_cpp import LlamaCppModel, gguf_bytes_read_per_token
 
 
 def memory_bandwidth(megabytes: int = 512, repeats: int = 5) -> float:
@@ -39,6 +41,8 @@ def bytes_read_per_token(model) -> int:
     (one row is looked up) unless it is tied to the output head (then the head reads it all)."""
     from specdec_lab.models import weight_bytes
 
+    if isinstance(model, LlamaCppModel):
+        return gguf_bytes_read_per_token(model.path)
     total = weight_bytes(model)
     embedding = model.get_input_embeddings().weight
     tied = embedding is getattr(model.get_output_embeddings(), "weight", None)
@@ -59,18 +63,18 @@ def forward_cost_curve(model, n_values=range(1, 33), prefix_tokens: int = 200, r
     nondecreasing fit of the medians and `relative_to_one` = ms_fit / ms_fit at n = 1: every ratio
     divides by T(1), so a T(1) above its neighbours is pooled with them rather than divided by (the
     fit also lifts a real dip, e.g. a kernel that is faster at n = 8 than at n = 5-7)."""
-    device = next(model.parameters()).device
-    token_id = min(token_id, model.config.vocab_size - 1)  # any token costs the same; a tiny vocabulary has few
-    cache = new_cache(model)
-    forward(model, [token_id] * prefix_tokens, cache, logits_to_keep=1)
+    device = model.device
+    token_id = min(token_id, vocab_size(model) - 1)  # any token costs the same; a tiny vocabulary has few
+    sequence = open_sequence(model)
+    sequence.forward([token_id] * prefix_tokens, keep=1)
     n_values = list(n_values)
     times: dict[int, list[float]] = {n: [] for n in n_values}
     for repeat in range(repeats + 1):
         for n in n_values:
             start = clock(device)
-            forward(model, [token_id] * n, cache, logits_to_keep=n)  # verification needs every row's logits
+            sequence.forward([token_id] * n, keep=n)  # verification needs every row's logits
             elapsed = clock(device) - start
-            truncate_cache(cache, prefix_tokens)
+            sequence.crop(prefix_tokens)
             if repeat:  # the first round is the warm-up
                 times[n].append(1000 * elapsed)
     curve = pd.DataFrame({"n": n_values, "ms": [float(pd.Series(times[n]).median()) for n in n_values]})
@@ -142,7 +146,10 @@ def kv_cache_bytes_at(model, prompt_ids: Sequence[int], num_tokens: int) -> int:
     if num_tokens < 1 or not prompt_ids:
         raise ValueError(f"need a non-empty prompt and num_tokens >= 1, got {len(prompt_ids)} tokens "
                          f"and num_tokens={num_tokens}")
+    if isinstance(model, LlamaCppModel):
+        raise ValueError("KV cache bytes are read off transformers' cache; llama.cpp allocates its cache for the whole "
+                         "context up front: measure this on the transformers model (models.load)")
     token_ids = (prompt_ids * math.ceil(num_tokens / len(prompt_ids)))[:num_tokens]
-    cache = new_cache(model)
-    forward(model, token_ids, cache, logits_to_keep=1)
-    return kv_cache_bytes(cache)
+    sequence = open_sequence(model)
+    sequence.forward(token_ids, keep=1)
+    return kv_cache_bytes(sequence.cache)

@@ -26,7 +26,8 @@ ROLES = (
     "parallel",  # Jacobi and lookahead decoding: the target guesses several of its own tokens a pass
     "lossy",  # returns another model's text in place of the target's (draft-then-score)
 )
-IMPLEMENTATIONS = ("ours", "transformers", "llama.cpp")
+IMPLEMENTATIONS = ("ours", "transformers", "llama.cpp")  # whose decode loop
+ENGINES = ("transformers", "llama.cpp")  # whose forward passes and KV cache (decoders.backend)
 SOURCE_KINDS = ("draft model", "draft model, other tokenizer", "prompt lookup", "hybrid", "lookahead", "jacobi")
 SCHEDULES = ("constant", "heuristic")  # draft-length schedules: k fixed, or transformers' +2 / -1 heuristic
 MATCH_RULES = ("longest", "latest", "first")  # which earlier occurrence prompt lookup continues
@@ -184,8 +185,11 @@ class Method:
     implementation: str = "ours"
     source: CandidateSource | None = None
     weights: Weights | None = None
+    engine: str = "transformers"
 
     def __post_init__(self):
+        if self.engine not in ENGINES:
+            raise ValueError(f"unknown engine {self.engine!r} for method {self.name!r}: use one of {ENGINES}")
         if self.role not in ROLES:
             raise ValueError(f"unknown role {self.role!r} for method {self.name!r}: use one of {ROLES}")
         if self.implementation not in IMPLEMENTATIONS:
@@ -202,7 +206,7 @@ class Method:
         """What a result row records about the method: its declared properties, then its source's
         and its weights' fields as plain columns."""
         return {"decoder": self.name, "lossless": self.lossless, "role": self.role,
-                "implementation": self.implementation, **source_columns(self.source),
+                "implementation": self.implementation, "engine": self.engine, **source_columns(self.source),
                 **(self.weights.columns() if self.weights is not None else NO_WEIGHTS)}
 
 

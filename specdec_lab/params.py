@@ -223,6 +223,13 @@ RULES: dict[str, Callable[[str, object], str | None]] = {
     "reference_prompts": _positive_int,
     "lookahead_configs": _lookahead_configs,
     "cost_curve_models": _model_dtype_list,
+    # 03_quantized, the engines part
+    "engine_prompt_sets": _prompt_set_list,
+    "engine_prompts": _positive_int,
+    "engine_max_new_tokens": _positive_int,
+    "engine_k": _positive_int,
+    "engine_cost_curve_n": _cost_curve_n,
+    "torch_path": _one_of(["auto", *sorted(models.DTYPES)]),  # auto: the fastest path measured on this CPU
 }
 
 

@@ -60,7 +60,7 @@ def speedup_bars(table: pd.DataFrame, title: str = "Speedup over autoregressive 
     return _finish(fig, title)
 
 
-def category_speedups(table: pd.DataFrame, title: str = "Speedup over AR by kind of text"):
+def category_speedups(table: pd.DataFrame, title: str = "Speedup over AR by kind of text", baseline: str = "AR"):
     """One panel per category: each method's per-token speedup with its 95% interval and prompt count."""
     categories = list(table.category.unique())
     methods = [m for m in table.method.unique()]
@@ -71,7 +71,7 @@ def category_speedups(table: pd.DataFrame, title: str = "Speedup over AR by kind
         part = table[table.category == category].set_index("method").reindex(methods)
         interval_bars(ax, methods, part.fillna({"prompts": 0, "speedup": 0}), colors=[colors[m] for m in methods],
                       invert=index == 0)
-        ax.set(title=category, xlabel="per-token speedup over AR (95% CI)", ylabel="")
+        ax.set(title=category, xlabel=f"per-token speedup over {baseline} (95% CI)", ylabel="")
     return _finish(fig, title)
 
 

@@ -96,9 +96,15 @@ def continuation_nll(model, prompt_ids: Sequence[int], output_ids: Sequence[int]
                          f"and {len(output_ids)}")
     device = next(model.parameters()).device
     input_ids = torch.tensor([prompt_ids + output_ids], dtype=torch.long, device=device)
-    logits = model(input_ids=input_ids, use_cache=False).logits[0, len(prompt_ids) - 1: -1].float()
-    targets = input_ids[0, len(prompt_ids):]
-    return torch.nn.functional.cross_entropy(logits, targets, reduction="none")
+    logits = model(input_ids=input_ids, use_cache=False).logits[0, len(prompt_ids) - 1: -1]
+    return nll_from_logits(logits, output_ids)
+
+
+def nll_from_logits(logits: torch.Tensor, output_ids: Sequence[int]) -> torch.Tensor:
+    """NLL (nats, float32) of each output token under the logits row before it ((n, vocab) rows
+    predicting output_ids[0..n-1]): the scoring rule, whichever engine computed the logits."""
+    targets = torch.tensor(list(output_ids), dtype=torch.long, device=logits.device)
+    return torch.nn.functional.cross_entropy(logits.float(), targets, reduction="none")
 
 
 @torch.inference_mode()

@@ -156,7 +156,7 @@ def test_a_model_that_ignores_the_mask_gets_a_clear_error():
     AttentionInterface.register("sdpa_without_mask", _sdpa_without_mask)
     model = tiny_llama(3, vocab_size=48, hidden=32, weight_std=0.3, eos_token_id=None)
     model.set_attn_implementation("sdpa_without_mask")
-    with pytest.raises(ValueError, match="custom 4D attention mask.*sdpa_without_mask"):
+    with pytest.raises(ValueError, match="custom attention mask.*sdpa_without_mask"):
         lookahead.generate(model, PROMPT, 5, stop_ids=[])
 
 

@@ -9,7 +9,7 @@ import torch
 
 from specdec_lab.decoders import autoregressive, speculative
 from specdec_lab.decoders.candidates import DraftModelCandidates, HybridCandidates, PromptLookupCandidates
-from specdec_lab.decoders.common import new_cache
+from specdec_lab.decoders.backend import open_sequence
 from specdec_lab.experiments import picker
 from tiny import tiny_llama
 
@@ -76,7 +76,7 @@ def test_draft_agreement_is_the_teacher_forced_hit_rate(greedy):
     forecast = picker.forecast_draft(DRAFT, PROMPT, greedy)
     calibration = picker.Calibration("p", "code", PROMPT, greedy, 48, 0.5, 0.1, forecast)
     # the draft's own greedy choice after each prefix of the target's text, one forward at a time
-    expected = sum(int(autoregressive.prefill(DRAFT, PROMPT + greedy[:i], new_cache(DRAFT)).argmax()) == token
+    expected = sum(int(autoregressive.prefill(open_sequence(DRAFT), PROMPT + greedy[:i]).argmax()) == token
                    for i, token in enumerate(greedy)) / len(greedy)
     assert picker.draft_agreement([calibration]) == pytest.approx(expected)
     assert 0 < expected < 1

@@ -15,7 +15,7 @@ import torch
 from specdec_lab import models
 from specdec_lab.decoders import autoregressive, speculative
 from specdec_lab.decoders.candidates import DraftModelCandidates
-from specdec_lab.decoders.common import new_cache
+from specdec_lab.decoders.backend import open_sequence
 from specdec_lab.experiments import quantized
 from specdec_lab.models import quantize
 from tiny import save_tiny_model
@@ -41,7 +41,7 @@ def test_each_quantization_loads_and_runs(load, name):  # tests/test_gguf_int4.p
     layer = loaded.model.model.layers[0].mlp.up_proj
     assert f"{type(layer).__module__}.{type(layer).__name__}" == LINEAR_TYPE[name]
     assert loaded.quantization == name  # one list of names: "none" is a name like the others
-    logits = autoregressive.prefill(loaded.model, PROMPT, new_cache(loaded.model))
+    logits = autoregressive.prefill(open_sequence(loaded.model), PROMPT)
     assert logits.shape[-1] == VOCAB and torch.isfinite(logits).all()
 
 

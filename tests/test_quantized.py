@@ -7,7 +7,7 @@ import pytest
 from specdec_lab import hardware, memory, metrics, models, quality
 from specdec_lab.data import Prompt
 from specdec_lab.decoders import autoregressive
-from specdec_lab.decoders.common import new_cache
+from specdec_lab.decoders.backend import open_sequence
 from specdec_lab.experiments import quantized, quantized_tables, quantized_words
 
 pytest.importorskip("bitsandbytes")
@@ -28,11 +28,11 @@ def test_kv_cache_bytes_match_the_cache_shape(load):
 
 def test_kv_cache_bytes_at_equals_the_cache_after_a_generation(load):
     model = load("target", "none").model
-    cache = new_cache(model)
-    token = int(autoregressive.prefill(model, PROMPT, cache).argmax())
+    sequence = open_sequence(model)
+    token = int(autoregressive.prefill(sequence, PROMPT).argmax())
     for _ in range(9):
-        token = int(autoregressive.decode_one_token(model, token, cache).argmax())
-    assert memory.kv_cache_bytes(cache) == hardware.kv_cache_bytes_at(model, PROMPT, len(PROMPT) + 9)
+        token = int(autoregressive.decode_one_token(sequence, token).argmax())
+    assert memory.kv_cache_bytes(sequence.cache) == hardware.kv_cache_bytes_at(model, PROMPT, len(PROMPT) + 9)
 
 
 # --- the notebook's runners ----------------------------------------------------------------------------------

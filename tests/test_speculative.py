@@ -9,7 +9,7 @@ import torch
 from specdec_lab.decoders import autoregressive, common, speculative
 from specdec_lab.decoders.candidates import (Candidates, DraftLength, DraftModelCandidates, HybridCandidates,
                                             PromptLookupCandidates)
-from specdec_lab.decoders.common import forward, new_cache
+from specdec_lab.decoders.backend import open_sequence
 from specdec_lab.models import check_same_tokenizer
 from specdec_lab.sampling import GREEDY, Sampling, probabilities
 from tiny import PROMPT, copy_llama, tiny_llama
@@ -95,15 +95,15 @@ def test_the_target_cache_keeps_the_accepted_prefix_only():
     target's own first token, then the next forward must see exactly prompt + first + a + b."""
     free = ar(5)
     tokens = PROMPT + free[:1]
-    cache = new_cache(TARGET)
-    autoregressive.prefill(TARGET, PROMPT, cache)  # the cache holds every token but the last
+    sequence = open_sequence(TARGET)
+    autoregressive.prefill(sequence, PROMPT)  # the cache holds every token but the last
     wrong = (free[3] + 1) % TARGET.config.vocab_size
     candidates = Candidates([free[1], free[2], wrong, free[4]])
-    accepted, token = speculative.speculative_step(TARGET, cache, tokens, candidates, GREEDY, None)
+    accepted, token = speculative.speculative_step(sequence, tokens, candidates, GREEDY, None)
     assert (accepted, token) == (2, free[3])
-    assert cache.get_seq_length() == len(tokens) + accepted
+    assert sequence.length == len(tokens) + accepted
     with torch.inference_mode():
-        cached = forward(TARGET, [token], cache, logits_to_keep=1)[-1]
+        cached = sequence.forward([token], keep=1)[-1]
         fresh = TARGET(torch.tensor([tokens + free[1:3] + [token]])).logits[0, -1]
     assert torch.allclose(cached, fresh, atol=1e-5)
 

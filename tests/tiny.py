@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
@@ -102,3 +104,77 @@ def copy_llama(lag: int, vocab_size: int = 32, scale: float = 30.0) -> LlamaForC
         # norm the latter is hidden / sqrt(1 + hidden): the head reads it, with a logit gap of `scale`
         model.lm_head.weight[:, vocab_size:] = identity * scale * (1 + hidden) ** 0.5 / hidden
     return model
+
+
+# --- the same tiny models on llama.cpp: written to GGUF as llama.cpp's own converter would ------------------
+
+def _permute_for_llama_cpp(weight: torch.Tensor, heads: int) -> torch.Tensor:
+    """transformers' Llama rotates the two halves of a head (rotate_half); llama.cpp's llama graph
+    rotates adjacent pairs. Its converter reorders the rows of q and k (and their biases) so both
+    compute the same attention: the permutation of convert_hf_to_gguf.LlamaModel.permute."""
+    return weight.reshape(heads, 2, weight.shape[0] // heads // 2, *weight.shape[1:]).swapaxes(1, 2).reshape(weight.shape)
+
+
+def save_gguf(model: LlamaForCausalLM, path) -> str:
+    """Write a (tiny, fp32) transformers Llama as an F32 GGUF file llama.cpp loads: same weights,
+    same vocabulary size and ids, a placeholder SentencePiece vocabulary (the kit passes ids, never text)."""
+    import gguf
+
+    config = model.config
+    heads, kv_heads = config.num_attention_heads, config.num_key_value_heads
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
+    writer = gguf.GGUFWriter(str(path), "llama")
+    writer.add_context_length(config.max_position_embeddings)
+    writer.add_embedding_length(config.hidden_size)
+    writer.add_block_count(config.num_hidden_layers)
+    writer.add_feed_forward_length(config.intermediate_size)
+    writer.add_head_count(heads)
+    writer.add_head_count_kv(kv_heads)
+    writer.add_key_length(head_dim)
+    writer.add_value_length(head_dim)
+    writer.add_rope_dimension_count(head_dim)
+    writer.add_rope_freq_base(float(config.rope_parameters["rope_theta"]))
+    writer.add_layer_norm_rms_eps(float(config.rms_norm_eps))
+    writer.add_file_type(gguf.LlamaFileType.ALL_F32)
+    vocab = config.vocab_size
+    tokens = ["<unk>", "<s>", "</s>", "<0x0A>"] + [f"t{i}" for i in range(4, vocab)]
+    types = [gguf.TokenType.UNKNOWN, gguf.TokenType.CONTROL, gguf.TokenType.CONTROL, gguf.TokenType.BYTE]
+    writer.add_tokenizer_model("llama")
+    writer.add_token_list(tokens[:vocab])
+    writer.add_token_scores([0.0] * vocab)
+    writer.add_token_types((types + [gguf.TokenType.NORMAL] * vocab)[:vocab])
+    writer.add_bos_token_id(1)
+    writer.add_eos_token_id(config.eos_token_id if config.eos_token_id is not None else 2)
+
+    def add(name: str, tensor: torch.Tensor) -> None:
+        writer.add_tensor(name, tensor.detach().float().contiguous().numpy())
+
+    add("token_embd.weight", model.model.embed_tokens.weight)
+    for index, layer in enumerate(model.model.layers):
+        attention, mlp, block = layer.self_attn, layer.mlp, f"blk.{index}"
+        add(f"{block}.attn_norm.weight", layer.input_layernorm.weight)
+        for name, projection, permute_heads in (("attn_q", attention.q_proj, heads), ("attn_k", attention.k_proj, kv_heads),
+                                                ("attn_v", attention.v_proj, None), ("attn_output", attention.o_proj, None)):
+            for kind in ("weight", "bias"):
+                tensor = getattr(projection, kind)
+                if tensor is not None:
+                    add(f"{block}.{name}.{kind}", _permute_for_llama_cpp(tensor, permute_heads) if permute_heads else tensor)
+        add(f"{block}.ffn_norm.weight", layer.post_attention_layernorm.weight)
+        add(f"{block}.ffn_gate.weight", mlp.gate_proj.weight)
+        add(f"{block}.ffn_up.weight", mlp.up_proj.weight)
+        add(f"{block}.ffn_down.weight", mlp.down_proj.weight)
+    add("output_norm.weight", model.model.norm.weight)
+    add("output.weight", model.lm_head.weight)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return str(path)
+
+
+def on_llama_cpp(model: LlamaForCausalLM, folder):
+    """The tiny model as a llama.cpp engine (one thread), through a GGUF file in `folder`."""
+    from specdec_lab.models import llama_cpp
+
+    Path(folder).mkdir(parents=True, exist_ok=True)
+    return llama_cpp.load(save_gguf(model, Path(folder) / "model.gguf"), threads=1, context_tokens=1024)

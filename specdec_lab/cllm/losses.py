@@ -22,7 +22,7 @@ import torch.nn.functional as F
 from transformers import DynamicCache
 
 from specdec_lab.cllm.trajectories import Sample
-from specdec_lab.decoders.common import truncate_cache
+from specdec_lab.decoders.backend import crop_cache
 from specdec_lab.cllm.constants import CONSISTENCY_KINDS, CONSISTENCY_TARGETS
 from specdec_lab.quality import common_prefix_length
 
@@ -127,13 +127,13 @@ def prompt_logits(model, states: Sequence[Sample], consistency: str = "global") 
         n = len(block[0].fixed_point)
         # row context-1+i predicts block token i: feed the token before the block, then the state minus its last
         feed = lambda tokens: [sequence[context - 1], *tokens[: n - 1]]
-        truncate_cache(cache, context - 1)
+        crop_cache(cache, context - 1)
         cache.batch_repeat_interleave(len(block))
         state_logits = _logits(model, [feed(s.state) for s in block], cache)
         if consistency == "global":
             targets = logits[start: start + n].expand(len(block), -1, -1)  # sequence positions context-1 on
         else:
-            truncate_cache(cache, context - 1)  # after the states' pass, whose graph keeps the prefix
+            crop_cache(cache, context - 1)  # after the states' pass, whose graph keeps the prefix
             with torch.no_grad():
                 targets = _logits(model, [feed(s.next_state) for s in block], cache)
         cache.batch_select_indices(torch.tensor([0], device=unwrapped(model).device))  # back to the one shared prefix

@@ -9,30 +9,31 @@ from collections.abc import Callable, Iterable
 
 import torch
 
-from specdec_lab.decoders.common import DecodingRun, forward, new_cache
+from specdec_lab.decoders.backend import Sequence, open_sequence
+from specdec_lab.decoders.common import DecodingRun
 from specdec_lab.result import GenerationResult
 from specdec_lab.sampling import GREEDY, Sampling, next_token
 
 
-def prefill(model, prompt_ids: list[int], cache) -> torch.Tensor:
+def prefill(sequence: Sequence, prompt_ids: list[int]) -> torch.Tensor:
     """Fill the cache with the prompt; return the logits for the first new token."""
-    return forward(model, prompt_ids, cache, logits_to_keep=1)[-1]
+    return sequence.forward(prompt_ids, keep=1)[-1]
 
 
-def decode_one_token(model, token: int, cache) -> torch.Tensor:
+def decode_one_token(sequence: Sequence, token: int) -> torch.Tensor:
     """Feed one token; return the logits for the token after it."""
-    return forward(model, [token], cache, logits_to_keep=1)[-1]
+    return sequence.forward([token], keep=1)[-1]
 
 
 def decode_tokens(model, prompt_ids: list[int], max_new_tokens: int, sampling: Sampling, rng,
                   stop_ids: frozenset[int], on_first_token: Callable[[], None] = lambda: None) -> list[int]:
     """The AR loop itself: prefill, then one token per forward until a stop token or max_new_tokens."""
-    cache = new_cache(model)
-    token = next_token(prefill(model, prompt_ids, cache), sampling, rng)
+    sequence = open_sequence(model)
+    token = next_token(prefill(sequence, prompt_ids), sampling, rng)
     on_first_token()
     tokens = [token]
     while len(tokens) < max_new_tokens and token not in stop_ids:
-        token = next_token(decode_one_token(model, token, cache), sampling, rng)
+        token = next_token(decode_one_token(sequence, token), sampling, rng)
         tokens.append(token)
     return tokens
 

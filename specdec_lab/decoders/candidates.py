@@ -13,7 +13,7 @@ from typing import Protocol
 
 import torch
 
-from specdec_lab.decoders.common import forward, new_cache, truncate_cache
+from specdec_lab.decoders.backend import open_sequence
 from specdec_lab.cost_model import predicted_speedup
 from specdec_lab.method import SCHEDULES, HybridSettings
 from specdec_lab.sampling import Sampling, probabilities, sample
@@ -77,7 +77,7 @@ class DraftModelCandidates:
         # A draft's head may be padded past the target's (same tokenizer, other matrix size):
         # it must never propose an id the target has no row for, so its logits are cut there.
         self.vocab_size = vocab_size
-        self.cache = new_cache(self.model)
+        self.sequence = open_sequence(self.model)
         self.cached_length = 0
         self.forwards = 0
         self.length.reset()
@@ -89,7 +89,7 @@ class DraftModelCandidates:
         proposed, distributions = [], []
         pending = tokens[self.cached_length:]
         for _ in range(k):
-            logits = forward(self.model, pending, self.cache, logits_to_keep=1)[-1, : self.vocab_size]
+            logits = self.sequence.forward(pending, keep=1)[-1, : self.vocab_size]
             self.forwards += 1
             self.cached_length += len(pending)
             if sampling.greedy:  # greedy verification needs no q: skip the vocabulary-sized work
@@ -109,7 +109,7 @@ class DraftModelCandidates:
     def update(self, tokens, num_accepted, num_proposed) -> None:
         # The cache is valid up to the last accepted token; everything after it is dropped.
         self.cached_length = min(self.cached_length, len(tokens) - 1)
-        truncate_cache(self.cache, self.cached_length)
+        self.sequence.crop(self.cached_length)
         self.length.update(num_accepted, num_proposed)
 
 

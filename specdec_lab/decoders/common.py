@@ -1,40 +1,18 @@
-"""Small pieces every decoder shares: one forward pass with a KV cache, cache rollback, clocks,
-and `DecodingRun`, the set-up, timing and result construction around every decode loop."""
+"""Small pieces every decoder shares: clocks, prompt checks, stop tokens, and `DecodingRun`, the
+set-up, timing and result construction around every decode loop. The forward pass and the cache
+are the engine's (`backend`)."""
 
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 import torch
-from transformers import DynamicCache
 
+from specdec_lab.decoders.backend import stop_token_ids
 from specdec_lab.memory import PeakMemory
 from specdec_lab.result import GenerationResult
-
-
-def new_cache(model) -> DynamicCache:
-    return DynamicCache(config=model.config)
-
-
-def forward(model, token_ids: Sequence[int], cache: DynamicCache, logits_to_keep: int = 0) -> torch.Tensor:
-    """Run `token_ids` (appended after what `cache` holds) and return logits of shape (n, vocab).
-
-    logits_to_keep=k computes the LM head for the last k positions only (0 = all): a prefill needs
-    one row, not a vocabulary-sized row for every prompt token.
-    """
-    device = model.device
-    input_ids = torch.tensor([list(token_ids)], dtype=torch.long, device=device)
-    output = model(input_ids=input_ids, cache=cache, use_cache=True, logits_to_keep=logits_to_keep)
-    return output.logits[0]
-
-
-def truncate_cache(cache: DynamicCache, length: int) -> None:
-    """Roll the cache back to its first `length` tokens (DynamicCache.crop takes a negative count)."""
-    surplus = cache.get_seq_length() - length
-    if surplus > 0:
-        cache.crop(-surplus)
 
 
 def clock(device: torch.device) -> float:
@@ -56,16 +34,6 @@ def as_token_list(prompt_ids) -> list[int]:
 def check_max_new_tokens(max_new_tokens: int) -> None:
     if int(max_new_tokens) < 1:
         raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
-
-
-def stop_token_ids(model, tokenizer=None) -> frozenset[int]:
-    """The ids that end a generation: generation_config.eos_token_id (int or list), else the tokenizer's."""
-    eos = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
-    if eos is None and tokenizer is not None:
-        eos = tokenizer.eos_token_id
-    if eos is None:
-        return frozenset()
-    return frozenset([eos] if isinstance(eos, int) else eos)
 
 
 def cut_at_stop(tokens: list[int], stop_ids: Iterable[int]) -> tuple[list[int], bool]:

@@ -13,8 +13,9 @@ from collections.abc import Iterable
 import torch
 
 from specdec_lab.decoders import autoregressive
-from specdec_lab.decoders.common import DecodingRun, stop_token_ids
-from specdec_lab.quality import continuation_nll
+from specdec_lab.decoders.backend import open_sequence, stop_token_ids
+from specdec_lab.decoders.common import DecodingRun
+from specdec_lab.quality import nll_from_logits
 from specdec_lab.result import GenerationResult
 from specdec_lab.sampling import GREEDY, Sampling
 
@@ -35,7 +36,9 @@ def generate(
     with run:
         tokens = autoregressive.decode_tokens(draft, run.prompt_ids, max_new_tokens, sampling, rng, draft_stop_ids,
                                               on_first_token=run.first_token_done)
-        score = -float(continuation_nll(target, run.prompt_ids, tokens).mean())
+        # one pass over prompt + text; the last len(tokens) + 1 rows predict the text's tokens
+        logits = open_sequence(target).forward(run.prompt_ids + tokens, keep=len(tokens) + 1)[:-1]
+        score = -float(nll_from_logits(logits, tokens).mean())
     # The target never decodes: its one pass scores finished text, so it is reported as a scoring
     # pass, not as a forward that yielded tokens (tokens per target forward is not defined here).
     return run.result(

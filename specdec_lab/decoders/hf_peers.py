@@ -13,6 +13,7 @@ from collections.abc import Iterable
 import torch
 from transformers import GenerationConfig
 
+from specdec_lab.decoders.backend import engine
 from specdec_lab.decoders.common import DecodingRun
 from specdec_lab.models.load import quiet_transformers
 from specdec_lab.result import GenerationResult
@@ -86,6 +87,10 @@ def generate(
 ) -> GenerationResult:
     """`model.generate` with exactly our settings: no setting from the model's (or the assistant's)
     generation_config.json, such as a repetition penalty, sneaks in (see `_generation_configs`)."""
+    for role, candidate in (("model", model), ("assistant_model", assistant_model)):
+        if candidate is not None and engine(candidate) != "transformers":
+            raise ValueError(f"transformers' generate needs a transformers model, but {role} runs on {engine(candidate)}: "
+                             "use the kit's decoders (they run on either engine) or load the model with models.load")
     run = DecodingRun(model, prompt_ids, max_new_tokens, stop_ids)
     stop_ids = sorted(run.stop_ids)
     special_ids = dict(eos_token_id=stop_ids or None, pad_token_id=stop_ids[0] if stop_ids else 0)

@@ -25,7 +25,8 @@ from collections.abc import Iterable
 import torch
 
 from specdec_lab.decoders.autoregressive import prefill
-from specdec_lab.decoders.common import DecodingRun, cut_at_stop, forward, new_cache, truncate_cache
+from specdec_lab.decoders.backend import Sequence, open_sequence
+from specdec_lab.decoders.common import DecodingRun, cut_at_stop
 from specdec_lab.quality import common_prefix_length
 from specdec_lab.result import BlockTrace, GenerationResult, JacobiBlock, JacobiStats
 
@@ -75,14 +76,14 @@ def block_statistics(trace: BlockTrace) -> JacobiBlock:
     )
 
 
-def jacobi_iteration(model, cache, state: list[int], fixed_in_block: int, cached_length: int) -> tuple[list[int], int, int]:
+def jacobi_iteration(sequence: Sequence, state: list[int], fixed_in_block: int, cached_length: int) -> tuple[list[int], int, int]:
     """One parallel refinement of the open part of a block (the cache holds the `cached_length`
     tokens before it). Returns the new block state, how many tokens became fixed, and the certain
     token after them. Only the fixed tokens' cache entries are kept: they saw a correct context."""
     open_block = state[fixed_in_block:]
-    predictions = forward(model, open_block, cache).argmax(-1).tolist()
+    predictions = sequence.forward(open_block).argmax(-1).tolist()
     fixed = count_fixed(open_block, predictions)
-    truncate_cache(cache, cached_length + fixed)
+    sequence.crop(cached_length + fixed)
     # every open position takes the prediction from the guesses before it; the first stays (it was certain)
     new_state = state[:fixed_in_block] + [open_block[0]] + predictions[: len(open_block) - 1]
     return new_state, fixed, predictions[fixed - 1]
@@ -109,7 +110,7 @@ def generate(
     max_iterations: int | None = None,
     record_states: bool = False,
 ) -> GenerationResult:
-    """Greedy Jacobi decoding, batch size 1, any transformers causal LM.
+    """Greedy Jacobi decoding, batch size 1, any causal LM on either engine (`backend`).
 
     `seed` only drives the initial guesses (the output does not depend on it). `max_iterations`
     caps the iterations per block: the block then ends with what is fixed and the next one starts
@@ -120,12 +121,12 @@ def generate(
     _check_arguments(block_size, init, max_iterations)
     prompt_ids, stop_ids = run.prompt_ids, run.stop_ids
     rng = random.Random(seed)
-    cache = new_cache(model)
+    sequence = open_sequence(model)
     tokens: list[int] = []  # fixed generated tokens; the cache holds prompt + tokens
     accepted_per_step, proposed_per_step, traces = [], [], []
 
     with run:
-        known = int(prefill(model, prompt_ids, cache).argmax(-1))  # the next token, certain
+        known = int(prefill(sequence, prompt_ids).argmax(-1))  # the next token, certain
         run.first_token_done()
         stopped = known in stop_ids or max_new_tokens == 1
         while not stopped:
@@ -136,7 +137,7 @@ def generate(
             while True:
                 trace.states.append(state)
                 proposed_per_step.append(length - fixed_in_block)
-                state, fixed, known = jacobi_iteration(model, cache, state, fixed_in_block,
+                state, fixed, known = jacobi_iteration(sequence, state, fixed_in_block,
                                                        len(prompt_ids) + len(tokens) + fixed_in_block)
                 fixed_in_block += fixed
                 trace.fixed_per_iteration.append(fixed)

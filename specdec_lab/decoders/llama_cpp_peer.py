@@ -13,9 +13,7 @@ no draft-model speculation.
 
 from __future__ import annotations
 
-import importlib.util
 from collections.abc import Iterable
-import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -23,23 +21,11 @@ import torch
 
 from specdec_lab.decoders.common import DecodingRun
 from specdec_lab.models import zoo
+from specdec_lab.models.llama_cpp import PACKAGE, available, check_available, gguf_kind  # noqa: F401  (the peer's API)
 from specdec_lab.result import GenerationResult
 
-PACKAGE = "llama-cpp-python==0.3.36"  # the pinned peer; `make llama-cpp` installs it
-
-
-def available() -> bool:
-    return importlib.util.find_spec("llama_cpp") is not None
-
-
-def check_available() -> None:
-    if not available():
-        raise ImportError(f"the llama.cpp peer needs {PACKAGE}: run `make llama-cpp` (builds it from source, a few "
-                          "minutes on 2 cores), or leave llama.cpp out of the line-up")
-
-
 @dataclass
-class LlamaCppModel:
+class LlamaCppPeer:
     """A loaded llama.cpp model and what the decode loop needs to know about it."""
 
     llm: object  # llama_cpp.Llama
@@ -54,7 +40,7 @@ class LlamaCppModel:
 
 
 def load(gguf_path: str | Path, threads: int | None = None, context_tokens: int = 4096,
-         prompt_lookup_tokens: int = 0) -> LlamaCppModel:
+         prompt_lookup_tokens: int = 0) -> LlamaCppPeer:
     """Load a .gguf file with llama.cpp on `threads` CPU threads (default: torch's thread count, so
     both stacks use the same cores)."""
     check_available()
@@ -69,10 +55,10 @@ def load(gguf_path: str | Path, threads: int | None = None, context_tokens: int 
     draft = LlamaPromptLookupDecoding(num_pred_tokens=prompt_lookup_tokens) if prompt_lookup_tokens else None
     llm = Llama(model_path=str(path), n_ctx=context_tokens, n_threads=threads, n_threads_batch=threads,
                 draft_model=draft, logits_all=draft is not None, verbose=False)
-    return LlamaCppModel(llm, path, threads, prompt_lookup_tokens)
+    return LlamaCppPeer(llm, path, threads, prompt_lookup_tokens)
 
 
-def generate(model: LlamaCppModel, prompt_ids, max_new_tokens: int, stop_ids: Iterable[int]) -> GenerationResult:
+def generate(model: LlamaCppPeer, prompt_ids, max_new_tokens: int, stop_ids: Iterable[int]) -> GenerationResult:
     """Greedy decoding until a stop token or `max_new_tokens`; the cache is reset first, so every
     call prefills its whole prompt like ours."""
     run = DecodingRun(model, prompt_ids, max_new_tokens, frozenset(stop_ids))
@@ -96,7 +82,7 @@ def generate(model: LlamaCppModel, prompt_ids, max_new_tokens: int, stop_ids: It
                               "forwards_counted": not model.prompt_lookup_tokens})
 
 
-def load_for(spec: str, prompt_lookup_tokens: int = 0) -> LlamaCppModel:
+def load_for(spec: str, prompt_lookup_tokens: int = 0) -> LlamaCppPeer:
     """llama.cpp on the GGUF file a zoo model (or a .gguf spec) comes from, on torch's thread count;
     with prompt_lookup_tokens > 0, decoding with the binding's prompt lookup."""
     if spec in zoo.ZOO:
@@ -105,19 +91,3 @@ def load_for(spec: str, prompt_lookup_tokens: int = 0) -> LlamaCppModel:
         return load(spec, prompt_lookup_tokens=prompt_lookup_tokens)
     raise ValueError(f"llama_cpp: true needs a GGUF file to run, but target {spec!r} is neither a zoo name nor a "
                      ".gguf path: set llama_cpp: false, or give the target as a .gguf file")
-
-
-def gguf_kind(file_name: str, unknown: str = "GGUF") -> str:
-    """'qwen2.5-coder-1.5b-instruct-q4_k_m.gguf' -> 'Q4_K_M', 'SmolLM2-135M-Instruct.Q4_1.gguf' -> 'Q4_1'."""
-    found = re.search(r"q\d+(_[a-z0-9]+)*(?=\.gguf$)", file_name, re.IGNORECASE)
-    return found.group(0).upper() if found else unknown
-
-
-def gguf_bytes_read_per_token(path: Path) -> int:
-    """Bytes of a GGUF's tensors that one decode step reads: all of them but the token-embedding
-    table, unless the file has no separate output matrix (then the tied table is the output head)."""
-    import gguf
-
-    sizes = {tensor.name: int(tensor.n_bytes) for tensor in gguf.GGUFReader(str(path)).tensors}
-    embedding = sizes.get("token_embd.weight", 0)
-    return sum(sizes.values()) - (embedding if "output.weight" in sizes else 0)

@@ -21,9 +21,10 @@ n-gram tokens are fed again, as input, in the next pass (their entries in this p
 other branches; recomputing a few input tokens is nearly free where T(n) is flat, and any cache
 type supports it).
 
-What the model must do: honour a custom 4D attention mask and explicit position ids (transformers'
-Llama, Qwen2, Mistral, Gemma and most decoder-only models with sdpa or eager attention). A one-time
-probe per model checks it and raises a clear error otherwise.
+What the model must do: honour a custom attention mask and explicit position ids (transformers'
+Llama, Qwen2, Mistral, Gemma and most decoder-only models with sdpa or eager attention; llama.cpp,
+where the mask becomes sequence ids: see `models.llama_cpp`). A one-time probe per model checks it
+and raises a clear error otherwise.
 """
 
 from __future__ import annotations
@@ -35,7 +36,8 @@ from dataclasses import dataclass, field, fields
 
 import torch
 
-from specdec_lab.decoders.common import DecodingRun, cut_at_stop, new_cache, truncate_cache
+from specdec_lab.decoders.backend import Sequence as KVSequence, engine, open_sequence, vocab_size
+from specdec_lab.decoders.common import DecodingRun, cut_at_stop
 from specdec_lab.method import LookaheadConfig
 from specdec_lab.result import GenerationResult
 
@@ -113,25 +115,6 @@ def lookahead_mask(cached: int, inputs: int, levels: list[list[int]], candidates
     return visible
 
 
-def additive_mask(visible: torch.Tensor, dtype: torch.dtype, device) -> torch.Tensor:
-    """The (1, 1, q, k) float mask transformers' eager and sdpa attention both add to the scores."""
-    mask = torch.zeros(visible.shape, dtype=dtype)
-    mask.masked_fill_(~visible, torch.finfo(dtype).min)
-    return mask[None, None].to(device)
-
-
-def masked_forward(model, token_ids: Sequence[int], positions: Sequence[int], visible: torch.Tensor, cache,
-                   keep: Sequence[int]) -> torch.Tensor:
-    """One pass with explicit positions and a custom mask; logits (len(keep), vocab) for the query
-    rows in `keep` only (the vocabulary-sized head is skipped elsewhere)."""
-    device = model.device
-    output = model(input_ids=torch.tensor([list(token_ids)], device=device),
-                   position_ids=torch.tensor([list(positions)], device=device),
-                   attention_mask=additive_mask(visible, model.dtype, device),
-                   cache=cache, use_cache=True, logits_to_keep=torch.tensor(list(keep), device=device))
-    return output.logits[0]
-
-
 # --- the probe: does this model honour a custom 4D mask? ----------------------------------------------
 
 _HONOURS_MASK: weakref.WeakSet = weakref.WeakSet()
@@ -144,23 +127,24 @@ def check_custom_mask_support(model) -> None:
     a, c; a model that ignores the mask gives c what it computes after a, b instead. Once per model."""
     if model in _HONOURS_MASK:
         return
-    a, b, c = (7 * i % model.config.vocab_size for i in (1, 2, 3))
+    a, b, c = (7 * i % vocab_size(model) for i in (1, 2, 3))
     visible = torch.tensor([[1, 0, 0], [1, 1, 0], [1, 0, 1]], dtype=torch.bool)
     problem = None
     try:
-        probe = masked_forward(model, [a, b, c], [0, 1, 1], visible, new_cache(model), keep=[2])[0].float()
+        probe = open_sequence(model).forward([a, b, c], keep=[2], positions=[0, 1, 1], visible=visible)[0].float()
     except Exception as error:  # noqa: BLE001 - any failure here means "cannot run lookahead"
         problem = f"it fails with {type(error).__name__}: {error}"
     else:
-        without_b = model(input_ids=torch.tensor([[a, c]], device=model.device)).logits[0, -1].float()
-        with_b = model(input_ids=torch.tensor([[a, b, c]], device=model.device)).logits[0, -1].float()
+        without_b = open_sequence(model).forward([a, c], keep=1)[-1].float()
+        with_b = open_sequence(model).forward([a, b, c], keep=1)[-1].float()
         if (probe - without_b).norm() > 0.1 * (with_b - without_b).norm():
             problem = "a token it was told not to see changed the output"
     if problem:
+        attention = getattr(getattr(model, "config", None), "_attn_implementation", engine(model))
         raise ValueError(
-            f"lookahead decoding needs a model that honours a custom 4D attention mask; {type(model).__name__} "
-            f"(attn_implementation={model.config._attn_implementation!r}) does not: {problem}. Load it with "
-            f"attn_implementation='sdpa' or 'eager', or use Jacobi or speculative decoding instead.")
+            f"lookahead decoding needs a model that honours a custom attention mask; {type(model).__name__} "
+            f"(attention: {attention!r}) does not: {problem}. Load it with attn_implementation='sdpa' or "
+            f"'eager', or use Jacobi or speculative decoding instead.")
     _HONOURS_MASK.add(model)
 
 
@@ -181,12 +165,12 @@ def best_candidate(first_prediction: int, predictions: list[list[int]], candidat
     return best, best_accepted
 
 
-def lookahead_step(model, cache, inputs: list[int], levels: list[list[int]], candidates: list[Sequence[int]]
+def lookahead_step(sequence: KVSequence, inputs: list[int], levels: list[list[int]], candidates: list[Sequence[int]]
                    ) -> tuple[list[int], int, list[int]]:
     """One pass over input + window + candidates. Returns the new tokens (accepted n-gram prefix plus
     the model's next token), how many n-gram tokens were accepted, and the newest level's predictions.
     On exit the cache holds what it held plus the input."""
-    cached = cache.get_seq_length()
+    cached = sequence.length
     current = cached + len(inputs) - 1  # position of the current token
     window = [token for level in levels for token in level]
     positions = [*range(cached, cached + len(inputs)), *(current + offset for offset in window_positions(levels)),
@@ -196,8 +180,8 @@ def lookahead_step(model, cache, inputs: list[int], levels: list[list[int]], can
     keep = [len(inputs) - 1, *range(newest, len(inputs) + len(window)),
             *range(len(inputs) + len(window), len(positions))]
     tokens = [*inputs, *window, *(t for candidate in candidates for t in candidate)]
-    predictions = masked_forward(model, tokens, positions, visible, cache, keep).argmax(-1).tolist()
-    truncate_cache(cache, cached + len(inputs))  # window and candidates saw guesses: drop them
+    predictions = sequence.forward(tokens, keep=keep, positions=positions, visible=visible).argmax(-1).tolist()
+    sequence.crop(cached + len(inputs))  # window and candidates saw guesses: drop them
 
     first, newest_predictions = predictions[0], predictions[1:1 + len(levels[-1])]
     rest = predictions[1 + len(levels[-1]):]
@@ -263,7 +247,7 @@ def generate(
     check_custom_mask_support(model)  # before the clock: once per model
     prompt_ids = run.prompt_ids
     rng = random.Random(seed)
-    cache = new_cache(model)
+    sequence = open_sequence(model)
     pool = NgramPool(per_key=max(candidates, 1))
     if pool_from_prompt:
         for start in range(len(prompt_ids) - ngram_size + 1):
@@ -277,7 +261,7 @@ def generate(
             left = max_new_tokens - len(generated)
             ngrams = [c[:left - 1] for c in pool.candidates(inputs[-1], candidates)] if left > 1 else []
             ngrams = [c for c in ngrams if c]
-            new_tokens, accepted, newest = lookahead_step(model, cache, inputs, levels, ngrams)
+            new_tokens, accepted, newest = lookahead_step(sequence, inputs, levels, ngrams)
             levels = advance_window(levels, newest, ngram_size, pool)
             new_tokens, stopped = cut_at_stop(new_tokens, run.stop_ids)
             if not generated:

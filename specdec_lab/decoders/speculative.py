@@ -15,7 +15,8 @@ from collections.abc import Iterable
 import torch
 
 from specdec_lab.decoders.candidates import CandidateGenerator, Candidates
-from specdec_lab.decoders.common import DecodingRun, cut_at_stop, forward, new_cache, truncate_cache
+from specdec_lab.decoders.backend import Sequence, open_sequence, vocab_size
+from specdec_lab.decoders.common import DecodingRun, cut_at_stop
 from specdec_lab.result import GenerationResult
 from specdec_lab.sampling import GREEDY, Sampling, next_token, probabilities, sample
 
@@ -61,18 +62,18 @@ def accept_sampled(
 
 
 def speculative_step(
-    target, target_cache, tokens: list[int], candidates: Candidates, sampling: Sampling, rng
+    target: Sequence, tokens: list[int], candidates: Candidates, sampling: Sampling, rng
 ) -> tuple[int, int]:
     """Verify `candidates` after `tokens` in one target forward over what the cache does not hold
     yet (the whole prompt on the first step, then the last token) plus the candidates; roll the
     target cache back to the accepted prefix. On exit the cache holds every token but the last."""
-    block = [*tokens[target_cache.get_seq_length():], *candidates.token_ids]
-    logits = forward(target, block, target_cache, logits_to_keep=len(candidates.token_ids) + 1)
+    block = [*tokens[target.length:], *candidates.token_ids]
+    logits = target.forward(block, keep=len(candidates.token_ids) + 1)
     if sampling.greedy:
         accepted, token = accept_greedy(logits, candidates.token_ids)
     else:
         accepted, token = accept_sampled(logits, candidates, sampling, rng)
-    truncate_cache(target_cache, len(tokens) + accepted)
+    target.crop(len(tokens) + accepted)
     return accepted, token
 
 
@@ -89,8 +90,8 @@ def generate(
     The first step proposes from the prompt and verifies with the prefill, in one forward."""
     run = DecodingRun(target, prompt_ids, max_new_tokens, stop_ids)
     rng = None if sampling.greedy else sampling.generator(run.device)
-    target_cache = new_cache(target)
-    candidate_generator.reset(vocab_size=target.config.vocab_size)  # no state from an earlier prompt
+    target_sequence = open_sequence(target)
+    candidate_generator.reset(vocab_size=vocab_size(target))  # no state from an earlier prompt
     accepted_per_step, proposed_per_step = [], []
 
     with run:
@@ -99,7 +100,7 @@ def generate(
             # at most (left - 1) candidates, so candidates + the target's own token still fit
             left = max_new_tokens - len(generated)
             candidates = candidate_generator.propose(tokens, left - 1, sampling, rng)
-            accepted, token = speculative_step(target, target_cache, tokens, candidates, sampling, rng)
+            accepted, token = speculative_step(target_sequence, tokens, candidates, sampling, rng)
             new_tokens, stopped = cut_at_stop(candidates.token_ids[:accepted] + [token], run.stop_ids)
             if not generated:
                 run.first_token_done()  # the same event as transformers' assisted generation

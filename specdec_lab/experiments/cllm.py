@@ -15,7 +15,7 @@ import torch
 
 from specdec_lab import data, hardware, metrics, models, quality
 from specdec_lab.cllm import train, trajectories
-from specdec_lab.decoders.common import stop_token_ids
+from specdec_lab.decoders.backend import stop_token_ids
 from specdec_lab.experiments import common, lineups
 from specdec_lab.experiments.cllm_tables import (Tables, block_summary, block_table, break_even_table, groups,
                                                  looping_answers, ms_per_forward, paired_answers, seen_and_held_out,

@@ -12,7 +12,7 @@ from collections.abc import Callable, Sequence
 
 from specdec_lab.decoders import (autoregressive, draft_then_score, hf_peers, jacobi, llama_cpp_peer, lookahead,
                                   speculative)
-from specdec_lab.decoders.common import stop_token_ids
+from specdec_lab.decoders.backend import engine as engine_of, stop_token_ids
 from specdec_lab.decoders.candidates import (CandidateGenerator, DraftModelCandidates, HybridCandidates,
                                             PromptLookupCandidates)
 from specdec_lab.method import SCHEDULES, CandidateSource, HybridSettings, LookaheadConfig, Method, Weights
@@ -34,7 +34,7 @@ def ar(model: LoadedModel, max_new_tokens: int, sampling: Sampling = GREEDY, nam
     """Our AR loop (prefill, then one token per forward)."""
     def decode(prompt_ids):
         return autoregressive.generate(model.model, prompt_ids, max_new_tokens, sampling)
-    return Method(name, decode, lossless=lossless, role=role, weights=weights)
+    return Method(name, decode, lossless=lossless, role=role, weights=weights, engine=engine_of(model.model))
 
 
 def transformers_generate(model: LoadedModel, max_new_tokens: int, sampling: Sampling = GREEDY,
@@ -52,7 +52,8 @@ def with_candidates(target: LoadedModel, make_candidates: Callable[[], Candidate
     """Our speculative decoder with a candidate source built fresh for every call."""
     def decode(prompt_ids):
         return speculative.generate(target.model, make_candidates(), prompt_ids, max_new_tokens, sampling)
-    return Method(name, decode, lossless=lossless, role="speculative", source=source, weights=weights)
+    return Method(name, decode, lossless=lossless, role="speculative", source=source, weights=weights,
+                  engine=engine_of(target.model))
 
 
 # --- candidate sources: each described once, by the record the line-up and the picker share ------
@@ -117,7 +118,8 @@ def prompt_lookup(target: LoadedModel, k: int, max_new_tokens: int, sampling: Sa
 
 def hybrid(target: LoadedModel, draft: LoadedModel, k: int, prompt_lookup_k: int, max_new_tokens: int,
            cost_ratio: float, sampling: Sampling = GREEDY, adaptive_threshold: float = 0.4,
-           settings: HybridSettings | None = None) -> Method:
+           settings: HybridSettings | None = None, name: str | None = None, lossless: bool = True,
+           weights: Weights | None = None) -> Method:
     """Our hybrid candidate source: each step prompt lookup, the draft model (adaptive k from k),
     lookup continued by the draft, or nothing, chosen from the match and the acceptance so far
     (see HybridCandidates). `cost_ratio` = draft step / target step, measured on this machine (a
@@ -130,11 +132,11 @@ def hybrid(target: LoadedModel, draft: LoadedModel, k: int, prompt_lookup_k: int
                                 confidence_threshold=adaptive_threshold, prior_acceptance=settings.prior_acceptance,
                                 extend_lookups=settings.extend_lookups)
     return with_candidates(target, make, max_new_tokens, sampling,
-                           f"hybrid: prompt lookup k={prompt_lookup_k} or draft adaptive k from {k} (ours)",
-                           hybrid_source(k, prompt_lookup_k, settings, adaptive_threshold))
+                           name or f"hybrid: prompt lookup k={prompt_lookup_k} or draft adaptive k from {k} (ours)",
+                           hybrid_source(k, prompt_lookup_k, settings, adaptive_threshold), lossless, weights)
 
 
-def llama_cpp_ar(engine: llama_cpp_peer.LlamaCppModel, like: LoadedModel, max_new_tokens: int,
+def llama_cpp_ar(engine: llama_cpp_peer.LlamaCppPeer, like: LoadedModel, max_new_tokens: int,
                  name: str = "llama.cpp AR (GGUF as is)", weights: Weights | None = None) -> Method:
     """llama.cpp's greedy decoding of the GGUF file `like` was converted from, stopping on the same
     tokens (with the engine's prompt lookup when it has one). Not lossless: its weights (Q4_K/Q6_K
@@ -147,10 +149,10 @@ def llama_cpp_ar(engine: llama_cpp_peer.LlamaCppModel, like: LoadedModel, max_ne
     def decode(prompt_ids):
         return llama_cpp_peer.generate(engine, prompt_ids, max_new_tokens, stop_ids)
     return Method(name, decode, lossless=False, role="speculative" if k else "target AR", implementation="llama.cpp",
-                  source=source, weights=weights)
+                  source=source, weights=weights, engine="llama.cpp")
 
 
-def llama_cpp_prompt_lookup(engine: llama_cpp_peer.LlamaCppModel, like: LoadedModel, max_new_tokens: int) -> Method:
+def llama_cpp_prompt_lookup(engine: llama_cpp_peer.LlamaCppPeer, like: LoadedModel, max_new_tokens: int) -> Method:
     """llama.cpp's own prompt-lookup decoding on the same GGUF file (an engine loaded with
     prompt_lookup_tokens > 0)."""
     return llama_cpp_ar(engine, like, max_new_tokens,
@@ -162,7 +164,8 @@ def draft_then_score_method(target: LoadedModel, draft: LoadedModel, max_new_tok
     """The seed blog's recipe: the draft's text, scored once by the target. Not lossless."""
     def decode(prompt_ids):
         return draft_then_score.generate(target.model, draft.model, prompt_ids, max_new_tokens, sampling)
-    return Method("draft-then-score (blog; not lossless)", decode, lossless=False, role="lossy")
+    return Method("draft-then-score (blog; not lossless)", decode, lossless=False, role="lossy",
+                  engine=engine_of(target.model))
 
 
 def jacobi_method(model: LoadedModel, max_new_tokens: int, block_size: int, init: str, name: str,
@@ -170,7 +173,7 @@ def jacobi_method(model: LoadedModel, max_new_tokens: int, block_size: int, init
     def decode(prompt_ids):
         return jacobi.generate(model.model, prompt_ids, max_new_tokens, block_size=block_size, init=init)
     return Method(name, decode, lossless=lossless, role="parallel",
-                  source=CandidateSource("jacobi", block_size=block_size, init=init))
+                  source=CandidateSource("jacobi", block_size=block_size, init=init), engine=engine_of(model.model))
 
 
 def lookahead_name(config: LookaheadConfig | dict, model_label: str = "base") -> str:
@@ -195,7 +198,7 @@ def lookahead_method(model: LoadedModel, max_new_tokens: int, config: LookaheadC
         return lookahead.generate(model.model, prompt_ids, max_new_tokens, config.window, config.ngram_size,
                                   config.candidates, config.pool_from_prompt)
     return Method(lookahead_name(config, model_label), decode, lossless=lossless, role="parallel",
-                  source=CandidateSource("lookahead", lookahead=config))
+                  source=CandidateSource("lookahead", lookahead=config), engine=engine_of(model.model))
 
 
 # --- line-ups -------------------------------------------------------------------------------------

@@ -24,7 +24,7 @@ from transformers import StaticCache
 
 from specdec_lab import data, models
 from specdec_lab.decoders import autoregressive
-from specdec_lab.decoders.common import new_cache
+from specdec_lab.decoders.backend import open_sequence
 
 
 @torch.inference_mode()
@@ -44,9 +44,9 @@ def timed_greedy(prefill: Callable[[], torch.Tensor], step: Callable[[int], torc
 
 def dynamic_cache_run(model, prompt_ids: Sequence[int], steps: int) -> tuple[list[int], list[float]]:
     """Greedy AR on a DynamicCache, through the AR decoder's own prefill and decode step."""
-    cache = new_cache(model)
-    return timed_greedy(lambda: autoregressive.prefill(model, list(prompt_ids), cache),
-                        lambda token: autoregressive.decode_one_token(model, token, cache), steps)
+    sequence = open_sequence(model)
+    return timed_greedy(lambda: autoregressive.prefill(sequence, list(prompt_ids)),
+                        lambda token: autoregressive.decode_one_token(sequence, token), steps)
 
 
 def static_step(model) -> Callable:

@@ -35,7 +35,8 @@ from specdec_lab import cost_model, data, hardware, metrics
 from specdec_lab.decoders import autoregressive
 from specdec_lab.decoders.candidates import (Candidates, DraftLength, HybridCandidates, PromptLookupCandidates,
                                             match_continuation)
-from specdec_lab.decoders.common import clock, forward, new_cache
+from specdec_lab.decoders.backend import open_sequence, vocab_size as output_rows
+from specdec_lab.decoders.common import clock
 from specdec_lab.experiments import lineups
 from specdec_lab.method import CandidateSource, HybridSettings, source_columns
 from specdec_lab.sampling import GREEDY
@@ -65,11 +66,11 @@ def forecast_draft(draft_model, prompt_ids: list[int], continuation: list[int],
     """The draft's prefill of the prompt (timed: the draft pays it once per generation), then one
     teacher-forced pass over y through its cache. Logits are cut to the target's `vocab_size`, as
     `DraftModelCandidates` cuts them."""
-    cache, device = new_cache(draft_model), draft_model.device
+    sequence, device = open_sequence(draft_model), draft_model.device
     start = clock(device)
-    first = forward(draft_model, prompt_ids, cache, logits_to_keep=1)
+    first = sequence.forward(prompt_ids, keep=1)
     prefill_s = clock(device) - start
-    logits = torch.cat([first, forward(draft_model, continuation, cache)])[:, :vocab_size].float()
+    logits = torch.cat([first, sequence.forward(continuation)])[:, :vocab_size].float()
     return DraftForecast(len(prompt_ids) - 1, logits.argmax(-1).tolist(), logits.softmax(-1).amax(-1).tolist(),
                          prefill_s)
 
@@ -275,7 +276,7 @@ def calibrate(target, draft, prompts: Sequence[data.Prompt], tokenizer, max_new_
     """The cheap measurements, per prompt: the target's greedy output with its prefill and step
     times (our AR loop, after one warm-up call), and one teacher-forced forward of the draft."""
     encoded = [data.encode(tokenizer, prompt, chat=True) for prompt in prompts]
-    vocab_size = target.config.vocab_size
+    vocab_size = output_rows(target)
     autoregressive.generate(target, encoded[0], 4)  # the first calls pay one-off costs
     forecast_draft(draft, encoded[0], [0] * 4, vocab_size)
     found = []

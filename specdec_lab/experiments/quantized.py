@@ -21,7 +21,7 @@ from specdec_lab.experiments.quantized_tables import (LLAMA_CPP, Tables, best_k_
                                                       versus_llama_cpp)
 from specdec_lab.experiments.quantized_words import headline
 from specdec_lab.method import Weights
-from specdec_lab.models import quantize
+from specdec_lab.models import llama_cpp, quantize
 from specdec_lab.runs import bench, jsonl
 
 NOTEBOOK = quantized_tables.NOTEBOOK
@@ -104,7 +104,7 @@ def _footprint(model_role: str, spec: str, quantization: str, loaded: models.Loa
 def footprint_sweep(models_by_role: dict[str, str], quantizations: Sequence[str], prompts, *, dtype: str,
                     device: str, double_quant: bool, max_new_tokens: int, repeats: int, warmup: int,
                     out_dir: Path, config: dict, variants: Variants | None = None,
-                    engine: llama_cpp_peer.LlamaCppModel | None = None) -> tuple[pd.DataFrame, pd.DataFrame]:
+                    engine: llama_cpp_peer.LlamaCppPeer | None = None) -> tuple[pd.DataFrame, pd.DataFrame]:
     """For each model (role -> spec): load every quantization (into `variants`, where the
     speculative grid finds them), measure what each stores (footprints.jsonl), then time greedy AR of
     all of them side by side in one benchmark run, interleaved like every other ratio; with `engine`,
@@ -143,7 +143,7 @@ def footprint_sweep(models_by_role: dict[str, str], quantizations: Sequence[str]
     return pd.DataFrame(footprints), pd.concat(frames, ignore_index=True)
 
 
-def _llama_cpp_footprint(engine: llama_cpp_peer.LlamaCppModel, dtype: str) -> dict:
+def _llama_cpp_footprint(engine: llama_cpp_peer.LlamaCppPeer, dtype: str) -> dict:
     """The llama.cpp row of the footprint table: the GGUF file's bytes (it is memory-mapped and used
     as it is); the KV cache and perplexity are not measured through the binding."""
     kind = llama_cpp_peer.gguf_kind(engine.path.name)
@@ -151,7 +151,7 @@ def _llama_cpp_footprint(engine: llama_cpp_peer.LlamaCppModel, dtype: str) -> di
             "variant": f"target llama.cpp ({kind})", "label": f"llama.cpp {kind}", "dtype": "gguf",
             "description": (f"llama.cpp {llama_cpp_peer.PACKAGE.split('==')[1]} running the GGUF file as it is "
                             f"(its own 4/6-bit block formats and kernels), {engine.threads} threads"),
-            "weight_bytes": engine.weight_bytes, "bytes_read_per_token": llama_cpp_peer.gguf_bytes_read_per_token(engine.path),
+            "weight_bytes": engine.weight_bytes, "bytes_read_per_token": llama_cpp.gguf_bytes_read_per_token(engine.path),
             "kv_cache_tokens": float("nan"), "kv_cache_bytes": float("nan"),
             "perplexity": float("nan"), "perplexity_tokens": float("nan")}
 
@@ -184,8 +184,8 @@ def _variant(variants: Variants, spec: str, quantization: str, dtype: str, devic
 def speculative_grid(pairs: Sequence[str], prompts, *, target: str, draft: str, dtype: str, device: str,
                      double_quant: bool, k: int, max_new_tokens: int, repeats: int, warmup: int, out: Path,
                      config: dict, variants: Variants | None = None, prompt_lookup_k: int = 0,
-                     engine: llama_cpp_peer.LlamaCppModel | None = None,
-                     engine_lookup: llama_cpp_peer.LlamaCppModel | None = None) -> pd.DataFrame:
+                     engine: llama_cpp_peer.LlamaCppPeer | None = None,
+                     engine_lookup: llama_cpp_peer.LlamaCppPeer | None = None) -> pd.DataFrame:
     """Every pair, grouped by target variant; each group is one bench run (AR + its pairs side by
     side, + prompt lookup on that target when `prompt_lookup_k` > 0, + llama.cpp's AR when `engine`
     is given, so every configuration is timed against llama.cpp in the same run, + llama.cpp's

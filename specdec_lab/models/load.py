@@ -18,25 +18,30 @@ import torch
 
 from specdec_lab.models import quantize, zoo
 from specdec_lab.models.dtypes import DEVICES, device_type, parse_dtype
+from specdec_lab.models.llama_cpp import LlamaCppModel, gguf_kind
 
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.\-]*/[\w.\-]+$")
 
 
 @dataclass
 class LoadedModel:
+    """A model on its engine (a transformers module, or a GGUF file on llama.cpp: `models.llama_cpp`)
+    and its tokenizer. `dtype` is torch's compute dtype (None on llama.cpp, whose blocks carry their
+    own types); `quantization` the backend's name, or the GGUF's block type on llama.cpp."""
+
     name: str
-    model: torch.nn.Module
+    model: torch.nn.Module | LlamaCppModel
     tokenizer: object
-    dtype: torch.dtype
+    dtype: torch.dtype | None
     quantization: str = "none"
 
     @property
     def device(self) -> torch.device:
-        return next(self.model.parameters()).device
+        return self.model.device
 
     @property
     def weight_bytes(self) -> int:
-        return weight_bytes(self.model)
+        return self.model.weight_bytes if isinstance(self.model, LlamaCppModel) else weight_bytes(self.model)
 
 
 def resolve(spec: str) -> tuple[str, dict]:
@@ -126,8 +131,17 @@ def load(
 ) -> LoadedModel:
     """Load model + tokenizer in eval mode, quantized with one of `quantize.QUANTIZATIONS`.
     `device='auto'` spreads the model with accelerate. On CPU in bf16/fp16, the Linear layers that
-    stay unquantized compute W @ x^T (`cpu_kernels.WeightLeftLinear`) unless fast_cpu_linear=False."""
+    stay unquantized compute W @ x^T (`cpu_kernels.WeightLeftLinear`) unless fast_cpu_linear=False.
+    dtype='auto' (CPU) takes the dtype and weight-only quantization measured fastest on this CPU
+    (`dense_path`: measured once per machine and model)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    if dtype == "auto":
+        from specdec_lab.models import dense_path
+
+        if device_type(device) != "cpu":
+            raise ValueError(f"dtype 'auto' measures torch's CPU paths, but device is {device!r}: give a dtype")
+        dtype, quantization = dense_path.resolve(spec, dtype, quantization)
 
     torch_dtype = parse_dtype(dtype)
     if device not in DEVICES:
@@ -167,6 +181,20 @@ def load(
         gc.collect()  # the replaced float modules sit in reference cycles; free them (and the mapping) now
     model.eval()
     return LoadedModel(name=spec, model=model, tokenizer=tokenizer, dtype=torch_dtype, quantization=quantization)
+
+
+def load_on_llama_cpp(spec: str, threads: int | None = None, context_tokens: int = 4096) -> LoadedModel:
+    """A zoo model's GGUF file (or a .gguf path) on llama.cpp's engine, with the kit's tokenizer of the
+    same file: the kit's decoders run on it as on a transformers model (`decoders.backend`)."""
+    from specdec_lab.models import llama_cpp
+
+    path = gguf_file(spec)
+    if path is None:
+        raise ValueError(f"engine llama.cpp runs a GGUF file, but {spec!r} is neither a zoo name nor a .gguf path: "
+                         "use engine: transformers for it, or give the model as a .gguf file")
+    model = llama_cpp.load(path, threads=threads, context_tokens=context_tokens)
+    return LoadedModel(name=spec, model=model, tokenizer=load_tokenizer(spec), dtype=None,
+                       quantization=gguf_kind(path.name))
 
 
 def load_tokenizer(spec: str):

@@ -1,0 +1,103 @@
+"""The one interface every decoder runs on: a sequence's KV cache on some engine.
+
+    sequence = open_sequence(model)               # an empty cache on the model's engine
+    logits = sequence.forward(ids, keep=1)        # append ids; logits of the last row
+    logits = sequence.forward(ids, keep=[0, 4], positions=..., visible=mask)   # custom attention
+    sequence.crop(length)                         # roll the cache back to its first `length` tokens
+    sequence.length                               # tokens in the cache
+
+Two engines implement it: transformers (a model and its `DynamicCache`) and llama.cpp (a GGUF file
+on llama.cpp's kernels, `models.llama_cpp`). A decoder written against it runs unchanged on either.
+`keep` is an int (the last k rows; 0 = all) or a list of row indices. `visible` is a boolean
+(queries, length + queries) matrix: query i may attend to key j where it is True.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence as Ordered
+from typing import Protocol
+
+import torch
+from transformers import DynamicCache
+
+from specdec_lab.method import ENGINES
+from specdec_lab.models.llama_cpp import LlamaCppModel, LlamaCppSequence
+
+
+class Sequence(Protocol):
+    length: int
+
+    def forward(self, token_ids: Ordered[int], keep: int | Ordered[int] = 0, positions: Ordered[int] | None = None,
+                visible: torch.Tensor | None = None) -> torch.Tensor: ...
+
+    def crop(self, length: int) -> None: ...
+
+
+def engine(model) -> str:
+    """Which of ENGINES runs `model`: 'llama.cpp' for a loaded GGUF, else 'transformers'."""
+    return ENGINES[1] if isinstance(model, LlamaCppModel) else ENGINES[0]
+
+
+def open_sequence(model) -> Sequence:
+    return LlamaCppSequence(model) if isinstance(model, LlamaCppModel) else TransformersSequence(model)
+
+
+def vocab_size(model) -> int:
+    """Rows of the model's output head (a padded head may exceed the tokenizer's vocabulary)."""
+    return model.vocab_size if isinstance(model, LlamaCppModel) else model.config.vocab_size
+
+
+def stop_token_ids(model, tokenizer=None) -> frozenset[int]:
+    """The ids that end a generation: a GGUF's end-of-sequence tokens, or transformers'
+    generation_config.eos_token_id (int or list), else the tokenizer's."""
+    if isinstance(model, LlamaCppModel):
+        return model.eos_token_ids
+    eos = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
+    if eos is None and tokenizer is not None:
+        eos = tokenizer.eos_token_id
+    if eos is None:
+        return frozenset()
+    return frozenset([eos] if isinstance(eos, int) else eos)
+
+
+class TransformersSequence:
+    """A transformers causal LM and its DynamicCache."""
+
+    def __init__(self, model):
+        self.model = model
+        self.cache = DynamicCache(config=model.config)
+
+    @property
+    def length(self) -> int:
+        return self.cache.get_seq_length()
+
+    def forward(self, token_ids, keep=0, positions=None, visible=None) -> torch.Tensor:
+        device = self.model.device
+        input_ids = torch.tensor([list(token_ids)], dtype=torch.long, device=device)
+        # logits_to_keep=k computes the LM head for the last k rows only: a prefill needs one row
+        # of vocabulary size, not one per prompt token
+        keep = keep if isinstance(keep, int) else torch.tensor(list(keep), device=device)
+        extra = {}
+        if positions is not None:
+            extra["position_ids"] = torch.tensor([list(positions)], device=device)
+        if visible is not None:
+            extra["attention_mask"] = additive_mask(visible, self.model.dtype, device)
+        output = self.model(input_ids=input_ids, cache=self.cache, use_cache=True, logits_to_keep=keep, **extra)
+        return output.logits[0]
+
+    def crop(self, length: int) -> None:
+        crop_cache(self.cache, length)
+
+
+def crop_cache(cache: DynamicCache, length: int) -> None:
+    """Roll a transformers cache back to its first `length` tokens."""
+    surplus = cache.get_seq_length() - length
+    if surplus > 0:
+        cache.crop(-surplus)  # DynamicCache.crop takes a negative count
+
+
+def additive_mask(visible: torch.Tensor, dtype: torch.dtype, device) -> torch.Tensor:
+    """The (1, 1, q, k) float mask transformers' eager and sdpa attention both add to the scores."""
+    mask = torch.zeros(visible.shape, dtype=dtype)
+    mask.masked_fill_(~visible.to(torch.bool), torch.finfo(dtype).min)
+    return mask[None, None].to(device)

@@ -1,0 +1,94 @@
+"""The sentences of notebook 03's engines part, every number from its tables."""
+
+from __future__ import annotations
+
+import pandas as pd
+
+from specdec_lab.metrics import GEOMETRIC_MEAN, Speedup
+from specdec_lab.words import interval
+
+
+def paths_sentence(paths: pd.DataFrame, chosen: str) -> str:
+    """Which torch path won, by how much, for each model role."""
+    parts = []
+    for role, group in paths.groupby("model_role", sort=False):
+        ranked = group.sort_values("generation_s")
+        best, slowest = ranked.iloc[0], ranked.iloc[-1]
+        parts.append(f"for the {role}, {best.path} takes {best.generation_s:.1f} s for a prefill of {best.prompt_tokens} "
+                     f"tokens and {best.new_tokens} steps ({1000 * best.step_s:.0f} ms a step), {slowest.path} "
+                     f"{slowest.generation_s:.1f} s ({1000 * slowest.step_s:.0f} ms a step)")
+    return (f"**The fastest torch path on this CPU**, measured: {'; '.join(parts)}. The kit's torch methods below run "
+            f"on {chosen}.")
+
+
+def roofline_sentences(roofline: pd.DataFrame) -> list[str]:
+    return [f"{line.decoder}: {line.decode_tokens_per_second:.1f} tokens/s decoding (median over prompts), "
+            f"{100 * line.fraction_of_bound:.0f}% of the {line.bound_tokens_per_second:.1f} tokens/s that "
+            f"{line.bandwidth_gb_s:.1f} GB/s allow when each token reads {line.bytes_read_per_token_mb:,.0f} MB of weights."
+            for line in roofline.itertuples()]
+
+
+def cost_sentences(curves: pd.DataFrame) -> list[str]:
+    """Per engine, what verifying costs: T(2)/T(1) and the acceptance a one-token proposal needs."""
+    lines = []
+    for (engine, role), curve in curves[curves.model_role == "target"].groupby(["engine", "model_role"], sort=False):
+        relative = curve.set_index("n").relative_to_one
+        largest = int(relative.index.max())
+        line = f"{engine}: T(1) = {curve.set_index('n').ms_fit.loc[1]:.0f} ms for the {role}"
+        if 2 in relative.index:
+            line += (f"; T(2)/T(1) = {relative.loc[2]:.2f}, so a one-token proposal pays only if it is accepted more "
+                     f"than {100 * (relative.loc[2] - 1):.0f}% of the time")
+        lines.append(line + f"; T({largest})/T(1) = {relative.loc[largest]:.2f}.")
+    return lines
+
+
+def best_sentences(best: pd.DataFrame) -> list[str]:
+    """Per kind: the kit's fastest lossless configuration against llama.cpp's AR and its prompt lookup."""
+    lines = []
+    for line in best.itertuples():
+        theirs = Speedup(line.llama_cpp_lookup, line.llama_cpp_lookup_low, line.llama_cpp_lookup_high,
+                         int(line.prompts) if pd.notna(line.prompts) else 0, GEOMETRIC_MEAN)
+        if line.best is None or pd.isna(line.speedup):
+            lines.append(f"{line.category}: no method of the kit equalled its engine's AR on every prompt.")
+            continue
+        ours = Speedup.from_line(line)
+        verdict = "beats" if ours.low > theirs.high else ("trails" if ours.high < theirs.low else "is level with")
+        lines.append(f"{line.category}: the fastest lossless configuration is {line.best}, "
+                     f"{interval(ours)} llama.cpp's AR; it {verdict} llama.cpp's prompt lookup ({interval(theirs, prompts=False)}).")
+    return lines
+
+
+def prediction_sentences(predicted: pd.DataFrame, curves: pd.DataFrame) -> list[str]:
+    """Per engine: how far the cost model lands from the measurement, and where speculation cannot pay."""
+    lines = []
+    for engine, group in predicted.groupby("engine", sort=False):
+        errors = group.error.abs()
+        within = int((errors <= 0.15).sum())
+        lines.append(f"{engine}: the prediction lands within 15% of the measured decode speedup for {within} of "
+                     f"{len(group)} (kind, method) pairs; the largest miss is {100 * errors.max():.0f}% "
+                     f"({group.loc[errors.idxmax()].decoder}, {group.loc[errors.idxmax()].category}).")
+        losing = group[group.predicted < 1]
+        for line in losing.itertuples():
+            lines.append(f"{engine}, {line.category}: {line.decoder} cannot pay at its measured acceptance "
+                         f"(alpha = {line.alpha:.2f}, {line.mean_proposed:.1f} tokens proposed a step): predicted "
+                         f"{line.predicted:.2f}x, measured {line.measured:.2f}x.")
+    return lines
+
+
+def differences_sentence(differences: pd.DataFrame, per_kind: pd.DataFrame) -> str:
+    """Where the kit's texts part from their engine's AR, set beside llama.cpp's own prompt lookup
+    against llama.cpp's own AR (the same kernels, the engine's own decoder)."""
+    if differences.empty:
+        return "Every method of the kit produced its engine's AR text, token for token, on every prompt."
+    counts = differences.groupby("engine").size()
+    first = differences.sort_values("position").iloc[0]
+    theirs = per_kind[(per_kind.implementation == "llama.cpp") & (per_kind.agreement < 1)]
+    peer = ("" if theirs.empty else
+            f" llama.cpp's own prompt lookup parts from llama.cpp's own AR too (agreement "
+            f"{theirs.agreement.min():.2f} on {theirs.loc[theirs.agreement.idxmin()].category}).")
+    return (f"{len(differences)} generations parted from their engine's AR text "
+            f"({', '.join(f'{engine}: {n}' for engine, n in counts.items())}); the earliest, {first.decoder} on "
+            f"{first.prompt_id}, at token {first.position} ({first.method_token} where AR has {first.ar_token}). A verify "
+            "pass runs batched matrix kernels where AR runs one-row kernels (llama.cpp's quantized blocks, torch's int4 "
+            "kernel with bf16 activations); their sums round apart, so near-ties can flip." + peer +
+            " In fp32, where both kernels agree, the decoders are exact (tests/test_engines.py, notebook 02's control).")
