@@ -130,6 +130,19 @@ def decode_tokens_per_second(rows: pd.DataFrame) -> pd.Series:
     return ((num_tokens - 1) / decoding_s).where((num_tokens > 1) & (decoding_s > 0))
 
 
+def tokens_per_second_after_first_step(rows: pd.DataFrame) -> pd.Series:
+    """Per row: the tokens after the first step over the time after it. The first step runs with
+    the prefill and yields the first token, and for a speculative method the tokens accepted with
+    it too; those were made in the time to first token, so they are left out here (counting them
+    against the time after it would flatter every method that accepts more in its first step). For
+    AR this is `decode_tokens_per_second`."""
+    num_tokens = rows.tokens.map(len) if "num_tokens" not in rows else rows.num_tokens
+    first_step = rows.accepted_per_step.map(lambda steps: (steps[0] if len(steps) else 0) + 1)
+    later = num_tokens - first_step.clip(upper=num_tokens)
+    decoding_s = rows.wall_time_s - rows.time_to_first_token_s
+    return (later / decoding_s).where((later > 0) & (decoding_s > 0))
+
+
 def per_prompt(values: pd.DataFrame, column: str) -> pd.DataFrame:
     """The median of `column` over repeats, per (decoder, prompt)."""
     return values.groupby(["decoder", "prompt_id"], sort=False)[column].median().reset_index()

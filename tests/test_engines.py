@@ -76,7 +76,8 @@ def test_crop_rolls_the_cache_back(on):
     assert torch.allclose(after_crop, fresh, atol=1e-4)
 
 
-@pytest.mark.parametrize("keep, rows", [(1, [9]), (3, [7, 8, 9]), (0, list(range(10))), ([0, 4], [0, 4])])
+@pytest.mark.parametrize("keep, rows", [(1, [9]), (3, [7, 8, 9]), (0, list(range(10))), ([0, 4], [0, 4]),
+                                        ([4, 0], [4, 0]), ([4, 4], [4, 4]), ([-1, 2], [9, 2])])
 def test_keep_selects_the_rows(on, keep, rows):
     model = on("target")
     every = open_sequence(model).forward(PROMPT + [20, 21])
@@ -100,13 +101,13 @@ def test_masked_forward_gives_each_query_only_what_it_sees(on):
                  current + 1, current + 2, current + 1]
     logits = sequence.forward(tokens, positions=positions, visible=visible)
     sequence.crop(cached + len(inputs))
+    continued = sequence.forward([7], keep=1)[-1]  # the branches are gone: as if only the input had been fed
     for query in range(len(tokens)):
         seen = [i for i in range(len(tokens)) if visible[query, cached + i]]
         assert [positions[i] for i in seen] == list(range(cached, cached + len(seen))), "a branch is a causal chain"
         plain = open_sequence(model).forward(PROMPT + [tokens[i] for i in seen], keep=1)[-1]
         assert torch.allclose(logits[query], plain, atol=1e-3), query
-    after = open_sequence(model)
-    assert after.forward(PROMPT + inputs + [7], keep=1).shape[0] == 1
+    assert torch.allclose(continued, open_sequence(model).forward(PROMPT + inputs + [7], keep=1)[-1], atol=1e-3)
 
 
 @needs_llama_cpp
@@ -131,7 +132,36 @@ def test_llama_cpp_refuses_what_it_cannot_do(torch_models, tmp_path):
     with pytest.raises(ValueError, match="causal part only"):
         second.crop(len(PROMPT) + 3)
     assert second.length == len(PROMPT) + 2
-    assert second.forward([7], keep=1).shape == (1, vocab_size(model))
+    fresh = open_sequence(on_llama_cpp(torch_models["target"], tmp_path / "fresh")).forward(PROMPT + [5, 10, 7], keep=1)
+    assert torch.allclose(second.forward([7], keep=1), fresh, atol=1e-4)  # the input and w00 stayed, nothing else
+
+
+@needs_llama_cpp
+def test_a_failed_masked_forward_leaves_the_cache_as_it_was(torch_models, tmp_path):
+    """A token id past the vocabulary makes llama_decode fail after the prefix was copied into the
+    branches' sequence ids: those copies and any written cell must go, or a later pass would see them."""
+    model = on_llama_cpp(torch_models["target"], tmp_path)
+    sequence = open_sequence(model)
+    sequence.forward(PROMPT)
+    levels = [[10, 11], [12, 13]]
+    positions = [len(PROMPT), *(len(PROMPT) + offset for offset in lookahead.window_positions(levels))]
+    mask = lookahead_mask(len(PROMPT), 1, levels, [])
+    with pytest.raises(RuntimeError, match="llama_decode failed"):
+        sequence.forward([5, 10, 11, 12, vocab_size(model) + 5], positions=positions, visible=mask)
+    assert sequence.length == len(PROMPT)
+    shorter = len(PROMPT) - 3  # stale branch ids on the prefix's last cells would keep them alive past a crop
+    sequence.crop(shorter)
+    positions = [shorter, *(shorter + offset for offset in lookahead.window_positions(levels))]
+    mask = lookahead_mask(shorter, 1, levels, [])
+    logits = sequence.forward([5, 10, 11, 12, 13], positions=positions, visible=mask)
+    reference = open_sequence(on_llama_cpp(torch_models["target"], tmp_path / "ref"))
+    reference.forward(PROMPT[:shorter])
+    assert torch.allclose(logits, reference.forward([5, 10, 11, 12, 13], positions=positions, visible=mask), atol=1e-4)
+    sequence.crop(shorter)
+    too_many = lookahead_mask(shorter, 1, [], [(t,) for t in range(llama_cpp.MAX_SEQUENCES)])
+    with pytest.raises(ValueError, match="off the causal path needs more than"):
+        sequence.forward([5] * (1 + llama_cpp.MAX_SEQUENCES), positions=[shorter] + [shorter + 1] * llama_cpp.MAX_SEQUENCES,
+                         visible=too_many)
 
 
 # --- every decoder: lossless against its engine's own greedy output --------------------------------------
@@ -244,7 +274,7 @@ def test_the_engines_experiment_compares_both_engines_per_kind(tmp_path):
 
     params = {"profile": "test", "results_dir": str(tmp_path / "results"), "target": "smollm2-135m-instruct",
               "draft": "smollm2-135m-instruct", "engine_prompt_sets": ["humaneval", "mtbench"], "engine_prompts": 2,
-              "engine_max_new_tokens": 12, "engine_k": 3, "prompt_lookup_k": 4, "engine_cost_curve_n": [1, 2, 4, 5],
+              "engine_max_new_tokens": 12, "engine_k": 3, "prompt_lookup_k": 4, "engine_cost_curve_n": [1, 2, 4, 9],
               "cost_curve_repeats": 1, "torch_path": "float32", "repeats": 1, "warmup": 0, "seed": 0}
     tables = engines.run(params)
     names = set(tables.rows.decoder)
@@ -263,7 +293,7 @@ def test_the_engines_experiment_compares_both_engines_per_kind(tmp_path):
                      *engines_words.roofline_sentences(tables.roofline),
                      *engines_words.cost_sentences(tables.curves), *engines_words.best_sentences(tables.best),
                      *engines_words.prediction_sentences(tables.predicted, tables.curves),
-                     engines_words.differences_sentence(tables.first_differences, tables.per_kind)]:
+                     engines_words.differences_sentence(tables.first_differences, tables.per_kind, tables.torch_path)]:
         assert sentence and "nan" not in sentence, sentence
 
 
@@ -280,9 +310,11 @@ def test_what_only_transformers_does_says_so(torch_models, tmp_path):
 
 
 def test_the_prediction_prices_each_step_at_the_engines_own_costs():
-    """Synthetic rows: prompt lookup proposing 3 tokens a step, all accepted (alpha = 1), on an engine
-    where T(4) = 2.5 T(1): each step yields 4 tokens for 2.5 steps of cost, so 1.6x; a step without a
-    proposal costs T(1) and yields 1. The draft model pays its own steps on top."""
+    """Synthetic rows whose times follow the engine's T(n) exactly: AR makes 8 tokens in a prefill
+    and 7 steps of T(1) = 10 ms; prompt lookup proposes 3 tokens a step, all accepted (alpha = 1),
+    each verify pass costing T(4) = 25 ms, so 4 tokens per 25 ms against 1 per 10 ms: 1.6x; the
+    draft model pays its 3 steps of 2 ms on top: 40/31. The first step (with the prefill) counts in
+    neither, so prediction and measurement agree."""
     from specdec_lab.experiments.engines import engine_ar, predicted_table
     from specdec_lab.method import CandidateSource, Method
 
@@ -295,14 +327,24 @@ def test_the_prediction_prices_each_step_at_the_engines_own_costs():
                            "model_role": ["target"] * 3 + ["draft"]})
     rows = []
     for prompt in ("p1", "p2"):
-        rows.append({"decoder": "AR", "accepted_per_step": [0] * 8, "proposed_per_step": [0] * 8, "wall": 0.09})
-        rows.append({"decoder": "lookup", "accepted_per_step": [3, 3], "proposed_per_step": [3, 3], "wall": 0.06})
-        rows.append({"decoder": "draft", "accepted_per_step": [3, 3], "proposed_per_step": [3, 3], "wall": 0.072})
+        rows.append({"decoder": "AR", "accepted_per_step": [0] * 8, "proposed_per_step": [0] * 8, "after": 0.070})
+        rows.append({"decoder": "lookup", "accepted_per_step": [3, 3], "proposed_per_step": [3, 3], "after": 0.025})
+        rows.append({"decoder": "draft", "accepted_per_step": [3, 3], "proposed_per_step": [3, 3], "after": 0.031})
         for row in rows[-3:]:
-            row.update(prompt_id=prompt, category="code", repeat=0, tokens=list(range(9)), num_tokens=9,
-                       time_to_first_token_s=0.01, wall_time_s=0.01 + row.pop("wall"))
+            row.update(prompt_id=prompt, category="code", repeat=0, tokens=list(range(8)), num_tokens=8,
+                       time_to_first_token_s=0.5, wall_time_s=0.5 + row.pop("after"))
     table = predicted_table(pd.DataFrame(rows), methods, curves).set_index("decoder")
     assert table.loc["lookup", "predicted"] == pytest.approx(4 * 10 / 25)
     assert table.loc["draft", "predicted"] == pytest.approx(4 * 10 / (25 + 3 * 2))
-    assert table.loc["lookup", "measured"] == pytest.approx(1.5)  # 0.09 s against 0.06 s for the same 8 tokens
-    assert table.loc["lookup", "error"] == pytest.approx(1.6 / 1.5 - 1)
+    assert table.loc["lookup", "measured"] == pytest.approx(1.6) and table.loc["draft", "measured"] == pytest.approx(40 / 31)
+    assert table.error.abs().max() < 1e-9
+
+
+@needs_llama_cpp
+def test_a_zoo_model_stops_on_the_same_tokens_on_both_engines():
+    from specdec_lab import models
+
+    on_llama = models.load_on_llama_cpp("smollm2-135m-instruct")
+    on_torch = models.load("smollm2-135m-instruct", dtype="float32")
+    assert stop_token_ids(on_llama.model) == stop_token_ids(on_torch.model) != frozenset()
+    assert on_llama.quantization == "Q4_1" and on_llama.dtype is None and on_llama.weight_bytes > 50e6

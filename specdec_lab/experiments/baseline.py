@@ -11,10 +11,12 @@ import pandas as pd
 
 from specdec_lab import data, hardware, metrics, models
 from specdec_lab.experiments import common, lineups
+from specdec_lab.method import Weights
 from specdec_lab.runs import bench
 
 NOTEBOOK = "01_baseline"
 TRANSFORMERS_AR = "target generate (transformers)"
+LLAMA_CPP_AR = "target AR (ours · on llama.cpp, GGUF as is)"
 
 
 @dataclass
@@ -36,6 +38,12 @@ def run(params: dict) -> Tables:
     print(f"{len(prompts)} prompts from {params['prompt_set']!r}; target {params['target']} and draft "
           f"{params['draft']} in {params['dtype']} on {params['device']}")
     methods = lineups.baseline(target, draft, params["max_new_tokens"])
+    model_of = {m.name: target if m.role == "target AR" else draft for m in methods}
+    if params["llama_cpp"]:  # the kit's AR loop on llama.cpp's engine, on the GGUF file the target comes from
+        on_llama = models.load_on_llama_cpp(params["target"])
+        methods.append(lineups.ar(on_llama, params["max_new_tokens"], name=LLAMA_CPP_AR, lossless=False,
+                                  weights=Weights(quantization=on_llama.quantization)))
+        model_of[LLAMA_CPP_AR] = on_llama
     rows = bench.run(methods, prompts, target.tokenizer, out=common.results_file(params, NOTEBOOK, "runs.jsonl"),
                      repeats=params["repeats"], warmup=params["warmup"], config=params, desc="baseline")
     target_rows = rows[rows.role == "target AR"]
@@ -45,8 +53,10 @@ def run(params: dict) -> Tables:
     if draft is not None:
         cost_ratio = metrics.cost_ratio(rows[rows.decoder == lineups.DRAFT_AR], rows[rows.decoder == lineups.TARGET_AR])
     bandwidth = hardware.memory_bandwidth()
+    roofline = roofline_table(rows, model_of, bandwidth)
     loaded = {"target": target, "draft": draft}
-    roofline = roofline_table(rows, loaded, bandwidth)
+    if params["llama_cpp"]:
+        loaded[f"target on llama.cpp ({model_of[LLAMA_CPP_AR].quantization})"] = model_of[LLAMA_CPP_AR]
     cost_curves = pd.concat([hardware.forward_cost_curve(m.model, range(1, params["cost_curve_max_n"] + 1),
                                                          repeats=params["cost_curve_repeats"]).assign(model=name)
                              for name, m in loaded.items() if m is not None], ignore_index=True)
@@ -58,15 +68,16 @@ def run(params: dict) -> Tables:
     return tables
 
 
-def roofline_table(rows: pd.DataFrame, loaded: dict, bandwidth: float) -> pd.DataFrame:
+def roofline_table(rows: pd.DataFrame, model_of: dict, bandwidth: float) -> pd.DataFrame:
     """Per AR method: decode tokens/s (after the first token; geometric mean over prompts) against
-    the memory-bandwidth bound of the model it runs (bandwidth / weight bytes read per token), and
-    the fraction of it reached; tokens/s with the prefill included beside it."""
+    the memory-bandwidth bound of the model it runs (`model_of`: method name -> LoadedModel;
+    bandwidth / weight bytes read per token), and the fraction of it reached; tokens/s with the
+    prefill included beside it."""
     overall = metrics.aggregate(rows, "tokens_per_second").tokens_per_second
     decoding = metrics.aggregate(rows.assign(decode=metrics.decode_tokens_per_second(rows)), "decode").decode
     records = []
     for method, group in rows.groupby("decoder", sort=False):
-        model = loaded["target" if group.role.iloc[0] == "target AR" else "draft"]
+        model = model_of[method]
         bound = hardware.roofline_tokens_per_second(model.model, bandwidth)
         records.append({"method": method, "tokens_per_second": overall[method],
                         "decode_tokens_per_second": decoding[method], "bound_tokens_per_second": bound,

@@ -69,8 +69,15 @@ def lineup(target: models.LoadedModel, draft: models.LoadedModel, k: int, prompt
 
 
 def run(params: dict) -> EngineTables:
-    prompts = prompts_of({**params, "prompt_sets": params["engine_prompt_sets"]}, params["engine_prompts"])
     new_tokens, k, lookup_k = params["engine_max_new_tokens"], params["engine_k"], params["prompt_lookup_k"]
+    if lookup_k < 1:
+        raise ValueError(f"the engines part runs prompt lookup on both engines: set prompt_lookup_k >= 1, got {lookup_k}")
+    longest = max(k, 2 * lookup_k) + 1  # our prompt lookup grows its proposal up to 2k (PromptLookupCandidates)
+    if max(params["engine_cost_curve_n"]) < longest:
+        raise ValueError(f"engine_cost_curve_n must reach {longest} (a verify pass of the longest proposal, "
+                         f"engine_k={k}, prompt_lookup_k={lookup_k} up to twice that, + 1): the cost model never "
+                         f"extrapolates T(n); got {params['engine_cost_curve_n']}")
+    prompts = prompts_of({**params, "prompt_sets": params["engine_prompt_sets"]}, params["engine_prompts"])
     out = common.results_file(params, NOTEBOOK, "engines.jsonl")
     specs = {"target": params["target"], "draft": params["draft"]}
 
@@ -110,7 +117,7 @@ def run(params: dict) -> EngineTables:
 
 
 def roofline_table(rows: pd.DataFrame, bytes_read: dict[str, int], bandwidth: float) -> pd.DataFrame:
-    """Per AR loop: decode tokens/s (after the first token; median over prompts) against the bound
+    """Per AR loop: decode tokens/s (after the first token; median over its rows) against the bound
     bandwidth / bytes of weights read per token, and the share of the bound it reaches."""
     lines = []
     for decoder, weights in bytes_read.items():
@@ -137,8 +144,8 @@ def per_kind_table(rows: pd.DataFrame, methods: list[Method]) -> pd.DataFrame:
             agreement = metrics.add_agreement(group[group.decoder == method.name], reference_decoder=None,
                                               reference=metrics.reference_tokens(group, reference))
             table.loc[table.decoder == method.name, "agreement_with_engine_ar"] = agreement.agreement.mean()
-        table["decode_tokens_per_second"] = table.decoder.map(
-            group.assign(rate=metrics.decode_tokens_per_second(group)).groupby("decoder").rate.median())
+        table["decode_tokens_per_second"] = table.decoder.map(  # after the first step: see the metric
+            group.assign(rate=metrics.tokens_per_second_after_first_step(group)).groupby("decoder").rate.median())
         frames.append(table.assign(category=kind))
     table = pd.concat(frames, ignore_index=True)
     engine = {m.name: m.engine for m in methods}
@@ -147,7 +154,8 @@ def per_kind_table(rows: pd.DataFrame, methods: list[Method]) -> pd.DataFrame:
 
 
 def best_table(per_kind: pd.DataFrame, methods: list[Method]) -> pd.DataFrame:
-    """Per kind: the kit's fastest configuration that equals its engine's AR, over both engines, and
+    """Per kind: the kit's fastest configuration that equals its engine's AR on every prompt, over
+    both engines (the highest point estimate: its interval is not adjusted for the choice), and
     llama.cpp's own prompt lookup, both over llama.cpp's AR."""
     ours = {m.name for m in methods if m.implementation == "ours" and m.role != "target AR"}
     lookup = next(m.name for m in methods if m.implementation == "llama.cpp" and m.source is not None)
@@ -156,10 +164,11 @@ def best_table(per_kind: pd.DataFrame, methods: list[Method]) -> pd.DataFrame:
         exact = group[group.decoder.isin(ours) & (group.agreement_with_engine_ar >= 0.999)]
         best = exact.loc[exact.speedup.idxmax()] if not exact.empty else None
         theirs = group[group.decoder == lookup].iloc[0]
+        none = {"speedup": float("nan"), "speedup_low": float("nan"), "speedup_high": float("nan"), "prompts": 0}
         lines.append({"category": kind, "best": None if best is None else best.decoder,
-                      **(metrics.Speedup.from_line(best).columns("speedup") if best is not None else {}),
+                      **(metrics.Speedup.from_line(best).columns("speedup") if best is not None else none),
                       "llama_cpp_lookup": theirs.speedup, "llama_cpp_lookup_low": theirs.speedup_low,
-                      "llama_cpp_lookup_high": theirs.speedup_high})
+                      "llama_cpp_lookup_high": theirs.speedup_high, "llama_cpp_lookup_prompts": theirs.prompts})
     return pd.DataFrame(lines)
 
 
@@ -167,13 +176,14 @@ def predicted_table(rows: pd.DataFrame, methods: list[Method], curves: pd.DataFr
     """The cost model against the measurement, per kind and engine, for the kit's draft model and
     prompt lookup: Leviathan's expected tokens per step from the measured acceptance alpha, each
     step priced at the engine's T(proposed + 1) plus the draft's steps, over the engine's AR step
-    T(1), the first step (it runs with the prefill) left out; measured: the decode-only speedup
-    (time after the first token, per token) over the kit's AR on the same engine."""
+    T(1), the first step (it runs with the prefill) left out; measured: tokens per second after the
+    first step, over the kit's AR on the same engine (the same basis: neither counts the first step)."""
     from specdec_lab import cost_model
 
     lines = []
     for kind, group in rows.groupby("category", sort=False):
-        decode_rate = group.assign(rate=metrics.decode_tokens_per_second(group)).groupby(["decoder", "prompt_id"]).rate.median()
+        decode_rate = (group.assign(rate=metrics.tokens_per_second_after_first_step(group))
+                       .groupby(["decoder", "prompt_id"]).rate.median())
         for method in methods:
             if method.implementation != "ours" or method.source is None or method.source.kind not in ("draft model", "prompt lookup"):
                 continue

@@ -22,9 +22,9 @@ def paths_sentence(paths: pd.DataFrame, chosen: str) -> str:
 
 
 def roofline_sentences(roofline: pd.DataFrame) -> list[str]:
-    return [f"{line.decoder}: {line.decode_tokens_per_second:.1f} tokens/s decoding (median over prompts), "
+    return [f"{line.decoder}: {line.decode_tokens_per_second:.1f} tokens/s decoding (median over its rows), "
             f"{100 * line.fraction_of_bound:.0f}% of the {line.bound_tokens_per_second:.1f} tokens/s that "
-            f"{line.bandwidth_gb_s:.1f} GB/s allow when each token reads {line.bytes_read_per_token_mb:,.0f} MB of weights."
+            f"{line.bandwidth_gb_s:.1f} GB/s allow when each token reads {line.bytes_read_per_token_mb:,.0f} MiB of weights."
             for line in roofline.itertuples()]
 
 
@@ -43,18 +43,20 @@ def cost_sentences(curves: pd.DataFrame) -> list[str]:
 
 
 def best_sentences(best: pd.DataFrame) -> list[str]:
-    """Per kind: the kit's fastest lossless configuration against llama.cpp's AR and its prompt lookup."""
+    """Per kind: the kit's fastest configuration equal to its engine's AR against llama.cpp's AR and its prompt lookup."""
     lines = []
     for line in best.itertuples():
         theirs = Speedup(line.llama_cpp_lookup, line.llama_cpp_lookup_low, line.llama_cpp_lookup_high,
-                         int(line.prompts) if pd.notna(line.prompts) else 0, GEOMETRIC_MEAN)
+                         int(line.llama_cpp_lookup_prompts), GEOMETRIC_MEAN)
         if line.best is None or pd.isna(line.speedup):
-            lines.append(f"{line.category}: no method of the kit equalled its engine's AR on every prompt.")
+            lines.append(f"{line.category}: no method of the kit equalled its engine's AR on every prompt "
+                         f"(llama.cpp's prompt lookup: {interval(theirs)} over llama.cpp's AR).")
             continue
         ours = Speedup.from_line(line)
         verdict = "beats" if ours.low > theirs.high else ("trails" if ours.high < theirs.low else "is level with")
-        lines.append(f"{line.category}: the fastest lossless configuration is {line.best}, "
-                     f"{interval(ours)} llama.cpp's AR; it {verdict} llama.cpp's prompt lookup ({interval(theirs, prompts=False)}).")
+        lines.append(f"{line.category}: the fastest configuration equal to its engine's AR is {line.best}, "
+                     f"{interval(ours)} over llama.cpp's AR; it {verdict} llama.cpp's prompt lookup "
+                     f"({interval(theirs, prompts=False)}).")
     return lines
 
 
@@ -75,7 +77,7 @@ def prediction_sentences(predicted: pd.DataFrame, curves: pd.DataFrame) -> list[
     return lines
 
 
-def differences_sentence(differences: pd.DataFrame, per_kind: pd.DataFrame) -> str:
+def differences_sentence(differences: pd.DataFrame, per_kind: pd.DataFrame, torch_path: str) -> str:
     """Where the kit's texts part from their engine's AR, set beside llama.cpp's own prompt lookup
     against llama.cpp's own AR (the same kernels, the engine's own decoder)."""
     if differences.empty:
@@ -88,7 +90,7 @@ def differences_sentence(differences: pd.DataFrame, per_kind: pd.DataFrame) -> s
             f"{theirs.agreement.min():.2f} on {theirs.loc[theirs.agreement.idxmin()].category}).")
     return (f"{len(differences)} generations parted from their engine's AR text "
             f"({', '.join(f'{engine}: {n}' for engine, n in counts.items())}); the earliest, {first.decoder} on "
-            f"{first.prompt_id}, at token {first.position} ({first.method_token} where AR has {first.ar_token}). A verify "
-            "pass runs batched matrix kernels where AR runs one-row kernels (llama.cpp's quantized blocks, torch's int4 "
-            "kernel with bf16 activations); their sums round apart, so near-ties can flip." + peer +
+            f"{first.prompt_id}, at generated token {first.position + 1} ({first.method_token} where AR has "
+            f"{first.ar_token}). A verify pass runs batched matrix kernels where AR runs one-row kernels (llama.cpp's "
+            f"quantized blocks; {torch_path}); their sums round apart, so near-ties can flip." + peer +
             " In fp32, where both kernels agree, the decoders are exact (tests/test_engines.py, notebook 02's control).")

@@ -26,7 +26,7 @@ import numpy as np
 import torch
 
 PACKAGE = "llama-cpp-python==0.3.36"  # the pinned engine; `make llama-cpp` installs it
-MAX_SEQUENCES = 64  # sequence ids per context: 0 is the decoded sequence, the rest serve masked forwards
+MAX_SEQUENCES = 256  # sequence ids per context (llama.cpp's LLAMA_MAX_SEQ): 0 is the decoded sequence, the rest serve masked forwards
 
 
 def available() -> bool:
@@ -140,10 +140,14 @@ def gguf_bytes_read_per_token(path: Path) -> int:
 
 
 def kept_rows(n: int, keep: int | Sequence[int]) -> list[int]:
-    """The rows whose logits are wanted: keep=k means the last k rows (0: all), a list names them."""
+    """The rows whose logits are wanted, in order: keep=k means the last k rows (0: all), a list
+    names them (negative indices count from the end, as in torch)."""
     if isinstance(keep, int):
         return list(range(n - keep if 0 < keep <= n else 0, n))
-    return [int(row) for row in keep]
+    rows = [int(row) for row in keep]
+    if any(not -n <= row < n for row in rows):
+        raise ValueError(f"rows {rows} asked of a forward over {n} tokens")
+    return [row % n for row in rows]
 
 
 class LlamaCppSequence:
@@ -177,8 +181,6 @@ class LlamaCppSequence:
                 positions: Sequence[int] | None = None, visible: torch.Tensor | None = None) -> torch.Tensor:
         """Logits (rows of `keep`, vocab) of `token_ids` appended after the cache; with `positions`
         and a boolean (n, length + n) `visible` mask, each query sees only what the mask allows."""
-        import llama_cpp
-
         self._check_owner()
         n, start = len(token_ids), self.length
         if n == 0:
@@ -186,16 +188,33 @@ class LlamaCppSequence:
         if start + n > self.model.context_tokens:
             raise ValueError(f"{start + n} tokens do not fit the llama.cpp context of {self.model.context_tokens}: "
                              "load the model with a larger context_tokens")
+        if positions is not None and len(positions) != n:
+            raise ValueError(f"{len(positions)} positions for {n} tokens: give one position per token")
         rows = kept_rows(n, keep)
         if visible is None:
             positions = list(range(start, start + n)) if positions is None else [int(p) for p in positions]
             sequence_ids, causal = [[0]] * n, n
         else:
+            if positions is None:
+                raise ValueError("a masked forward needs the tokens' positions (the mask alone does not say them)")
             positions = [int(p) for p in positions]
             sequence_ids, causal = self._sequences_for_mask(visible, positions)
-            for sequence in self._mask_sequences:
-                llama_cpp.llama_memory_seq_cp(self.memory, 0, sequence, -1, -1)  # the prefix, seen by all
+        try:
+            logits = self._decode(token_ids, positions, sequence_ids, rows)
+        except BaseException:
+            self._forget_new_cells(start)  # a failed decode may leave cells and copied prefixes behind
+            raise
+        self.length = start + n
+        if visible is not None:
+            self._causal_length = start + causal
+        return logits
 
+    def _decode(self, token_ids, positions: list[int], sequence_ids: list[list[int]], rows: list[int]) -> torch.Tensor:
+        import llama_cpp
+
+        for sequence in self._mask_sequences:
+            llama_cpp.llama_memory_seq_cp(self.memory, 0, sequence, -1, -1)  # the prefix, seen by all
+        n = len(token_ids)
         batch = self.model.batch(n)
         batch.n_tokens = n
         np.ctypeslib.as_array(batch.token, shape=(n,))[:] = token_ids
@@ -203,7 +222,8 @@ class LlamaCppSequence:
         counts = np.ctypeslib.as_array(batch.n_seq_id, shape=(n,))
         flags = np.ctypeslib.as_array(batch.logits, shape=(n,))
         flags[:] = 0
-        flags[rows] = 1
+        flagged = sorted(set(rows))
+        flags[flagged] = 1
         for i, ids in enumerate(sequence_ids):
             counts[i] = len(ids)
             for j, sequence in enumerate(ids):
@@ -213,13 +233,20 @@ class LlamaCppSequence:
             raise RuntimeError(f"llama_decode failed with status {status} on {n} tokens at positions "
                                f"{positions[0]}..{positions[-1]} (1: no room in the KV cache; -1: a batch "
                                "llama.cpp refused, see its message above)")
-        self.length = start + n
-        if visible is not None:
-            self._causal_length = start + causal
+        # llama_get_logits holds the flagged rows in batch order, once each; copy them out in the order asked
         pointer = llama_cpp.llama_get_logits(self.model.context)
-        # llama_get_logits holds the flagged rows in batch order; copy them out before the next decode
-        logits = np.ctypeslib.as_array(pointer, shape=(len(rows), self.model.vocab_size))
-        return torch.from_numpy(logits.copy())
+        logits = np.ctypeslib.as_array(pointer, shape=(len(flagged), self.model.vocab_size))
+        order = [flagged.index(row) for row in rows]
+        return torch.from_numpy(logits[order].copy())
+
+    def _forget_new_cells(self, start: int) -> None:
+        """Back to the state before a forward that failed: no mask ids, nothing past `start`."""
+        import llama_cpp
+
+        for sequence in self._mask_sequences:
+            llama_cpp.llama_memory_seq_rm(self.memory, sequence, -1, -1)
+        llama_cpp.llama_memory_seq_rm(self.memory, 0, start, -1)
+        self._mask_sequences, self._causal_length = [], None
 
     def _sequences_for_mask(self, visible: torch.Tensor, positions: list[int]) -> tuple[list[list[int]], int]:
         """Sequence ids per token that give llama.cpp's mask the visibility of `visible`, and the
@@ -234,31 +261,35 @@ class LlamaCppSequence:
             raise ValueError("the llama.cpp backend needs every query to see the whole cache (sequence ids "
                              "express masks over the new tokens only)")
         new = visible[:, cached:]
+        if bool(new.triu(1).any()):
+            # llama.cpp writes a batch's cells chunk by chunk (n_ubatch): a query cannot see a later chunk
+            raise ValueError("a query sees a token after it in the batch: order the tokens so that each query "
+                             "comes after every token it sees")
+        seen = new.tolist()  # plain lists: the checks below read single entries
         causal = 0
-        while (causal < n and positions[causal] == cached + causal
-               and bool(new[causal, :causal + 1].all()) and not bool(new[causal, causal + 1:].any())
-               and all(bool(new[i, causal]) for i in range(causal + 1, n))):
+        while (causal < n and positions[causal] == cached + causal and all(seen[causal][:causal + 1])
+               and all(seen[i][causal] for i in range(causal + 1, n))):
             causal += 1
         off_path = n - causal
         if off_path > MAX_SEQUENCES - 1:
             raise ValueError(f"a masked forward with {off_path} tokens off the causal path needs more than the "
                              f"{MAX_SEQUENCES - 1} sequence ids a llama.cpp context has here: verify fewer tokens")
         own = [0] * causal + list(range(1, off_path + 1))  # each query off the path: its own id
-        self._mask_sequences = own[causal:]
         sequence_ids = []
         for j in range(n):
-            seen_by = [own[i] for i in range(causal, n) if i != j and bool(new[i, j])]
-            if not bool(new[j, j]):
+            if not seen[j][j]:
                 raise ValueError(f"query {j} does not see itself: llama.cpp's mask always shows a token its own cell")
-            if any(positions[j] > positions[i] for i in range(n) if bool(new[i, j])):
+            seen_by = [i for i in range(j + 1, n) if seen[i][j]]
+            if any(positions[j] > positions[i] for i in seen_by):
                 raise ValueError(f"token {j} at position {positions[j]} is visible to a query at an earlier "
                                  "position: llama.cpp hides cells after a query's position")
-            sequence_ids.append([own[j], *seen_by])
+            sequence_ids.append([own[j], *(own[i] for i in seen_by if i >= causal)])
         for i in range(causal, n):  # llama.cpp wants each sequence's new positions to continue its cache
-            seen = sorted({positions[j] for j in range(n) if bool(new[i, j])})
-            if seen and (seen[0] != cached or seen[-1] - seen[0] + 1 != len(seen)):
-                raise ValueError(f"query {i} sees positions {seen}: llama.cpp needs the positions a query sees "
+            reached = sorted({positions[j] for j in range(i + 1) if seen[i][j]})
+            if reached[0] != cached or reached[-1] - reached[0] + 1 != len(reached):
+                raise ValueError(f"query {i} sees positions {reached}: llama.cpp needs the positions a query sees "
                                  f"to run on from the cache ({cached}) without gaps")
+        self._mask_sequences = own[causal:]
         return sequence_ids, causal
 
     def crop(self, length: int) -> None:

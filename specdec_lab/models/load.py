@@ -193,8 +193,25 @@ def load_on_llama_cpp(spec: str, threads: int | None = None, context_tokens: int
         raise ValueError(f"engine llama.cpp runs a GGUF file, but {spec!r} is neither a zoo name nor a .gguf path: "
                          "use engine: transformers for it, or give the model as a .gguf file")
     model = llama_cpp.load(path, threads=threads, context_tokens=context_tokens)
+    stops = _generation_stop_ids(spec)
+    if stops:  # stop where the same model on transformers stops (llama.cpp guesses end-of-turn ids from text)
+        model.eos_token_ids = stops
     return LoadedModel(name=spec, model=model, tokenizer=load_tokenizer(spec), dtype=None,
                        quantization=gguf_kind(path.name))
+
+
+def _generation_stop_ids(spec: str) -> frozenset[int]:
+    """generation_config.eos_token_id of the spec's transformers folder (none for a bare .gguf)."""
+    from transformers import GenerationConfig
+
+    source, extra = resolve(spec)
+    if extra:
+        return frozenset()
+    try:
+        eos = GenerationConfig.from_pretrained(source).eos_token_id
+    except OSError:
+        return frozenset()
+    return frozenset([eos] if isinstance(eos, int) else eos or [])
 
 
 def load_tokenizer(spec: str):
