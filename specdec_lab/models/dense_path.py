@@ -41,8 +41,12 @@ class PathTiming:
 
     @property
     def label(self) -> str:
-        quantized = "" if self.quantization == "none" else f" {self.quantization}"
-        return f"{DTYPE_LABELS[parse_dtype(self.dtype)]}{quantized}"
+        return path_label(self.dtype, self.quantization)
+
+
+def path_label(dtype: str, quantization: str) -> str:
+    """'bf16', 'fp32', 'bf16 int4-wo': how tables and method names call a path."""
+    return DTYPE_LABELS[parse_dtype(dtype)] + ("" if quantization == "none" else f" {quantization}")
 
 
 @torch.inference_mode()

@@ -36,7 +36,7 @@ def available() -> bool:
 def check_available() -> None:
     if not available():
         raise ImportError(f"the llama.cpp backend needs {PACKAGE}: run `make llama-cpp` (builds it from source, a "
-                          "few minutes on 2 cores), or use backend: transformers")
+                          "few minutes on 2 cores), or run the model on transformers (models.load)")
 
 
 @dataclass(eq=False)
@@ -237,7 +237,7 @@ class LlamaCppSequence:
         pointer = llama_cpp.llama_get_logits(self.model.context)
         logits = np.ctypeslib.as_array(pointer, shape=(len(flagged), self.model.vocab_size))
         order = [flagged.index(row) for row in rows]
-        return torch.from_numpy(logits[order].copy())
+        return torch.from_numpy(logits[order])  # fancy indexing copies: the buffer is reused by the next decode
 
     def _forget_new_cells(self, start: int) -> None:
         """Back to the state before a forward that failed: no mask ids, nothing past `start`."""
