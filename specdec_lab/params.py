@@ -174,7 +174,7 @@ RULES: dict[str, Callable[[str, object], str | None]] = {
     "temperature": _non_negative_number,
     "top_p": _fraction,
     "top_k": _non_negative_int,
-    "dtype": _one_of(sorted(models.DTYPES)),
+    "dtype": _one_of(["auto", *sorted(models.DTYPES)]),  # auto: the fastest torch path measured on this CPU
     "device": _one_of(models.DEVICES),
     "target": _model_spec,
     "draft": _model_spec,
@@ -219,7 +219,7 @@ RULES: dict[str, Callable[[str, object], str | None]] = {
     "mixed_precision": _one_of(MIXED_PRECISION),
     "checkpoint_every": _positive_int,
     "reference_model": _model_spec,
-    "reference_dtype": _one_of(sorted(models.DTYPES)),
+    "reference_dtype": _one_of(["auto", *sorted(models.DTYPES)]),  # auto: the fastest path measured on this CPU
     "reference_prompts": _positive_int,
     "lookahead_configs": _lookahead_configs,
     "cost_curve_models": _model_dtype_list,

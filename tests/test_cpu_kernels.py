@@ -131,6 +131,35 @@ def test_weight_left_linear_computes_what_nn_linear_computes():
     assert fast.state_dict().keys() == linear.state_dict().keys()
 
 
+@pytest.mark.parametrize("dot_products", [True, False])
+def test_weight_left_linear_in_bf16_with_and_without_bf16_dot_products(monkeypatch, dot_products):
+    """On a CPU without bf16 dot products, many rows are multiplied in fp32 (one rounding, at the
+    end); one row and a few rows, and every row where the CPU has them, stay in bf16. Each path must
+    compute what nn.Linear computes, up to bf16 rounding."""
+    monkeypatch.setattr(cpu_kernels, "BF16_DOT_PRODUCTS", dot_products)
+    torch.manual_seed(0)
+    linear = torch.nn.Linear(64, 48, bias=True).to(torch.bfloat16)
+    fast = copy.deepcopy(linear)
+    cpu_kernels.use_weight_left_linear(torch.nn.Sequential(fast))
+    for rows in (1, 3, cpu_kernels.FP32_PRODUCT_ROWS, 2 * cpu_kernels.FP32_PRODUCT_ROWS + 1):
+        x = torch.randn(rows, 64, dtype=torch.bfloat16)
+        exact = torch.nn.functional.linear(x.float(), linear.weight.float(), linear.bias.float())
+        out = fast(x)
+        assert out.dtype == torch.bfloat16 and out.shape == (rows, 48)
+        torch.testing.assert_close(out.float(), exact, atol=0.05, rtol=0.02)
+        widened = cpu_kernels.widen_to_fp32(x)
+        assert widened == (not dot_products and rows >= cpu_kernels.FP32_PRODUCT_ROWS)
+        if widened:  # fp32 products rounded once, then the bias added in bf16: to the last bit
+            product = torch.nn.functional.linear(x.float(), linear.weight.float()).to(torch.bfloat16)
+            torch.testing.assert_close(out, product + linear.bias, atol=0, rtol=0)
+
+
+@pytest.mark.parametrize("flags, has", [(["avx2"], False), (["avx512f", "avx512_bf16", "avx2"], True),
+                                        (["amx_bf16", "avx2"], True), (None, True)])
+def test_bf16_dot_products_come_from_the_cpu_flags(flags, has):
+    assert cpu_kernels.has_bf16_dot_products(flags) is has
+
+
 def test_bf16_cpu_loads_use_weight_left_linear_and_fp32_does_not(folders):
     from specdec_lab import models
 

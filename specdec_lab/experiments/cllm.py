@@ -103,11 +103,12 @@ def run(params: dict) -> Tables:
     nll = held_out_nll({"base": base, "CLLM": cllm}, rows, held_out_set)
     del cllm, methods, base
 
-    reference_rows = measure_reference(params, held_out_set, curves)
+    reference_rows, reference_path = measure_reference(params, held_out_set, curves)
     cost_curves = measure_other_cost_curves(params, curves)
     tables = assemble(params, train_set, held_out_set, trained, rows, table, seen_rows, nll, cost_curves)
     add_accuracy(tables, params, rows, pretrained_rows)
     if reference_rows is not None:
+        tables.reference_path = reference_path
         tables.reference_table = metrics.summary(reference_rows, baseline=lineups.BASE_AR)
         tables.reference_table["ms_per_forward"] = ms_per_forward(reference_rows)
         tables.reference_blocks = block_summary(block_table(reference_rows))
@@ -170,13 +171,15 @@ def measure_training_prompts(params: dict, base: LoadedModel, cllm: LoadedModel,
                      config=measured, desc="training prompts")
 
 
-def measure_reference(params: dict, held_out_set: Sequence[data.Prompt], curves: dict) -> pd.DataFrame | None:
-    """The reference model's rows (`run_reference`) and its cost curve into `curves`; None without one."""
+def measure_reference(params: dict, held_out_set: Sequence[data.Prompt],
+                      curves: dict) -> tuple[pd.DataFrame | None, str | None]:
+    """The reference model's rows (`run_reference`) and the path it ran on ('bf16 int4-wo' where
+    `reference_dtype: auto` chose that), its cost curve into `curves`; (None, None) without one."""
     if not params["reference_model"]:
-        return None
-    reference, spec, ref_dtype = load_reference(params)
-    curves[(spec, ref_dtype)] = cost_curve(reference, spec, ref_dtype, params)
-    return run_reference(reference, params, held_out_set)
+        return None, None
+    reference, spec, _ = load_reference(params)
+    curves[(spec, reference.path)] = cost_curve(reference, spec, reference.path, params)
+    return run_reference(reference, params, held_out_set), reference.path
 
 
 def measure_other_cost_curves(params: dict, curves: dict) -> pd.DataFrame:

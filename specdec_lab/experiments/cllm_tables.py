@@ -33,6 +33,7 @@ class Tables:
     looping: int  # CLLM held-out answers that loop
     cost_curves: pd.DataFrame  # T(n) per model: model, dtype, n, ms, relative_to_one
     break_even: pd.DataFrame  # per model and parallel method: tokens per forward needed to beat AR
+    reference_path: str | None = None  # what the reference model computed in: 'bf16', 'bf16 int4-wo'
     reference_table: pd.DataFrame | None = None  # AR vs lookahead (vs Jacobi) on an untrained larger model
     reference_blocks: pd.DataFrame | None = None
     sql_accuracy: pd.DataFrame | None = None  # per method: exact match of its held-out SQL with Spider's gold

@@ -107,7 +107,7 @@ def reference_findings(tables: Tables, params: dict) -> str:
     table = tables.reference_table
     parallel = table[table.index != lineups.BASE_AR]
     best = parallel.speedup.idxmax()
-    lines = [f"Untrained {params['reference_model']} ({params['reference_dtype']}), {int(table.prompts.max())} "
+    lines = [f"Untrained {params['reference_model']} ({tables.reference_path}), {int(table.prompts.max())} "
              f"held-out prompts, {params['max_new_tokens']} tokens:"]
     for name, line in parallel.iterrows():
         cost = line.ms_per_forward / table.ms_per_forward[lineups.BASE_AR]

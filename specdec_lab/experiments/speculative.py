@@ -93,7 +93,7 @@ def measure(params: dict) -> Tables:
         tables.picked = picked
     tables.per_category = per_category(tables)
     common.write_outputs(params, NOTEBOOK, common.summary_lines(table, methods), headline(tables),
-                         model=params["target"], dtype=params["dtype"])
+                         model=params["target"], dtype=target.path)
     return tables
 
 

@@ -8,6 +8,12 @@ speed is set by how fast the weights stream through (see `hardware.roofline_toke
   matrix-vector product). On the 2-core Xeon this kit was built on, torch's x @ W^T for a few rows
   streams bf16 weights at about 10 GB/s, torch.mv and W @ x^T at 18-25 GB/s (1536 x 8960: 3.1 ms
   against 1.3 ms for one row, 2.2 against 1.1 ms for 8 rows).
+  A CPU without bf16 dot-product instructions (no AVX-512 BF16, no AMX: the AVX2 AMD EPYC this kit
+  also runs on) has no fast bf16 matrix product at all: torch's takes time in proportion to the rows
+  (1536 x 8960: 1.6 ms for one row, 110 ms for 64, 420 ms for 256), and a 64-token prefill of the
+  1.5B model took 44 s. There, from `FP32_PRODUCT_ROWS` rows on, the product is computed in fp32
+  (weights widened on the fly: 49 and 88 ms for 64 and 256 rows; that prefill 6.4 s); fewer rows stay
+  in bf16, where widening every weight would cost more than it saves.
 - weight-only: storing the weights in 8 or 4 bits and widening them inside the matmul kernel reads
   2x or 4x fewer bytes than bf16; the activations, the KV cache, embeddings and norms stay in the
   model's dtype.
@@ -32,8 +38,20 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from specdec_lab.machine import cpu_model
+
 BITS = (8, 4)
 GROUP_SIZES = (32, 64, 128, 256)  # what the int4 CPU kernel accepts
+FP32_PRODUCT_ROWS = 32  # from here on, widening to fp32 beat torch's bf16 product on the AVX2 EPYC (43 vs 56 ms)
+
+
+def has_bf16_dot_products(flags: list[str] | None) -> bool:
+    """Whether a CPU with these flags multiplies bf16 matrices in hardware (AVX-512 BF16 or AMX).
+    Unknown flags (no /proc/cpuinfo) count as yes: the product then stays as torch computes it."""
+    return flags is None or bool({"avx512_bf16", "amx_bf16"} & set(flags))
+
+
+BF16_DOT_PRODUCTS = has_bf16_dot_products(cpu_model()["cpu_flags"])
 
 
 class WeightLeftLinear(nn.Linear):
@@ -45,11 +63,18 @@ class WeightLeftLinear(nn.Linear):
         flat = x.reshape(-1, self.in_features)
         if flat.shape[0] == 1:
             out = torch.mv(self.weight, flat[0]).unsqueeze(0)
+        elif widen_to_fp32(flat):
+            out = (flat.float() @ self.weight.float().T).to(x.dtype)
         else:
             out = (self.weight @ flat.T).T
         if self.bias is not None:
             out = out + self.bias
         return out.reshape(*x.shape[:-1], self.out_features)
+
+
+def widen_to_fp32(flat: torch.Tensor) -> bool:
+    """Whether a bf16 product over these rows is computed in fp32 (see the module docstring)."""
+    return flat.dtype == torch.bfloat16 and flat.shape[0] >= FP32_PRODUCT_ROWS and not BF16_DOT_PRODUCTS
 
 
 def use_weight_left_linear(model: nn.Module) -> nn.Module:

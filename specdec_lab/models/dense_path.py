@@ -24,6 +24,9 @@ AUTO = "auto"
 # (dtype, quantization): the dense paths torch has on a CPU. int4 weight-only is re-quantized from
 # the bf16 weights (int4-wo), so it exists for any model, not only for those with a GGUF file.
 PATHS = (("bfloat16", "none"), ("float32", "none"), ("bfloat16", "int8-wo"), ("bfloat16", "int4-wo"))
+# Part of the cache key: raise it when the kit's CPU kernels change, so every machine measures again
+# (2: bf16 products over many rows in fp32 on CPUs without bf16 dot products, `cpu_kernels`).
+KERNELS_VERSION = 2
 
 
 @dataclass(frozen=True)
@@ -80,7 +83,7 @@ def _choice_file():
 def _key(spec: str, prompt_tokens: int) -> str:
     machine = cpu_model()
     return json.dumps([machine["cpu_model"], machine["cpu_flags"], torch.__version__, torch.get_num_threads(),
-                       spec, prompt_tokens])
+                       spec, prompt_tokens, KERNELS_VERSION])
 
 
 def measured_paths(spec: str, prompt_tokens: int = 64, new_tokens: int = 32, paths=PATHS,
