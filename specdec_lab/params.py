@@ -216,8 +216,9 @@ RULES: dict[str, Callable[[str, object], str | None]] = {
     "consistency_weight": _non_negative_number,
     "consistency": _one_of(CONSISTENCY_KINDS),
     "consistency_target": _one_of(CONSISTENCY_TARGETS),
-    "mixed_precision": _one_of(MIXED_PRECISION),
+    "mixed_precision": _one_of([*MIXED_PRECISION, "auto"]),  # auto: bf16 where the CPU multiplies bf16 in hardware
     "checkpoint_every": _positive_int,
+    "learning_curve_prompts": _non_negative_int,  # 0: no learning curve
     "reference_model": _model_spec,
     "reference_dtype": _one_of(["auto", *sorted(models.DTYPES)]),  # auto: the fastest path measured on this CPU
     "reference_prompts": _positive_int,
@@ -283,6 +284,24 @@ def problems(notebook: str, values: Mapping) -> list[str]:
             problem = RULES[name](name, value)
         if problem:
             found.append(problem)
+    return found + auto_dtype_problems(notebook, values)
+
+
+# The notebooks whose `dtype` may be "auto" (every other dtype of the kit says what it compares: 03's
+# unquantized reference, 04's fp32 CLLM, whose Jacobi must equal its AR).
+AUTO_DTYPE_NOTEBOOKS = ("01_baseline", "02_speculative")
+
+
+def auto_dtype_problems(notebook: str, values: Mapping) -> list[str]:
+    """'auto' picks among torch's CPU paths (`models.dense_path`): only where a notebook lets it, on a CPU."""
+    found = []
+    if values.get("dtype") == "auto" and notebook not in AUTO_DTYPE_NOTEBOOKS:
+        found.append(f"dtype 'auto' is for notebooks {', '.join(AUTO_DTYPE_NOTEBOOKS)}; {notebook} needs a dtype it "
+                     "names (bfloat16, float32, ...)")
+    for name in ("dtype", "reference_dtype"):
+        if values.get(name) == "auto" and values.get("device", "cpu") != "cpu":
+            found.append(f"{name} 'auto' chooses among torch's CPU paths, but device is {values['device']!r}: "
+                         "give a dtype, or device 'cpu'")
     return found
 
 

@@ -295,6 +295,19 @@ def training_curves(losses: pd.DataFrame, window: int = 10, title: str = "CLLM t
     return _finish(fig, title)
 
 
+def learning_curve(curve: pd.DataFrame, title: str = "CLLM learning curve on held-out prompts"):
+    """Tokens per forward of Jacobi decoding (and the share answered right, where the prompt set has
+    an answer key) at every checkpoint; step 0 is the base model."""
+    with_accuracy = curve.exact_match.notna().any()
+    fig, axes = plt.subplots(1, 2 if with_accuracy else 1, figsize=(11 if with_accuracy else 5.5, 3.6), squeeze=False)
+    axes[0, 0].plot(curve.step, curve.tokens_per_target_forward, marker="o")
+    axes[0, 0].set(xlabel="training steps", ylabel="tokens per forward (mean over prompts)")
+    if with_accuracy:
+        axes[0, 1].plot(curve.step, curve.exact_match, marker="o", color="tab:green")
+        axes[0, 1].set(xlabel="training steps", ylabel="answered right", ylim=(0, 1))
+    return _finish(fig, f"{title} ({int(curve.prompts.max())} prompts)")
+
+
 def nll_bars(nll: pd.DataFrame, title: str = "NLL of the base model's held-out greedy text"):
     """Per-token negative log-likelihood of the same texts under each model (lower = more likely)."""
     fig, ax = plt.subplots(figsize=(7, 0.6 * nll.model.nunique() + 1.5))

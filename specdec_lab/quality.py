@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -158,3 +158,51 @@ def sql_exact_match(answer: str, gold: str) -> bool:
     """Spider-style exact match, as a normalized string match (not Spider's parsed-component match:
     a query with its clauses in another order counts as different)."""
     return normalize_sql(extract_sql(answer)) == normalize_sql(gold)
+
+
+# --- task quality: the final number of a worked math solution ------------------------------------
+
+_NUMBER = re.compile(r"-?\d[\d,]*(?:\.\d+)?")
+
+
+def final_number(text: str) -> float | None:
+    """The final answer of a worked solution: the number after the last '####', else the last number
+    in the text (commas as thousands separators); None when there is none."""
+    if "####" in text:
+        numbers = _NUMBER.findall(text.rsplit("####", 1)[1])[:1]
+    else:
+        numbers = _NUMBER.findall(text)[-1:]
+    if not numbers:
+        return None
+    return float(numbers[0].replace(",", ""))
+
+
+def answer_is_correct(text: str, answer: str) -> bool:
+    """Exact match of the final number (as reasoning-gym scores it: equal as numbers)."""
+    found = final_number(text)
+    return found is not None and found == float(answer)
+
+
+# --- task quality: a prompt set's answer key --------------------------------------------------------
+
+@dataclass(frozen=True)
+class AnswerKey:
+    """A prompt set's checkable answers: what the match is called in tables and sentences, the gold
+    answer of every prompt by id, and the match itself: (answer text, gold) -> right."""
+
+    measure: str
+    gold: dict[str, str]
+    matches: Callable[[str, str], bool]
+    reference: str  # what its answers are, for sentences: "the gold SQL", "the worked solutions"
+
+
+def answer_key(prompt_set: str) -> AnswerKey | None:
+    """The answer key of a prompt set with checkable answers (Spider, GSM-Symbolic); None for others."""
+    from specdec_lab import data  # here, not above: data imports the models package, whose decoders import this
+
+    if prompt_set == "spider":
+        return AnswerKey("SQL exact match", data.spider_gold(), sql_exact_match, "the gold SQL")
+    if prompt_set == "gsm-symbolic":
+        return AnswerKey("final-number exact match", data.gsm_symbolic_answers(), answer_is_correct,
+                         "the worked solutions")
+    return None

@@ -228,10 +228,12 @@ def test_a_prompt_without_a_reference_answer_fails_early(loaded):
 def test_fine_tuning_on_reference_answers_lowers_their_loss(loaded, model_folder, tmp_path):
     records = trajectories.answer_records(loaded.tokenizer, prompts(4), answers(4), end_id=1, chat=False)
     params = {"train_steps": 50, "learning_rate": 1e-4, "sft_steps": 12, "sft_learning_rate": 3e-3,
-              "sft_answers_per_step": 2, "grad_accumulation": 1, "states_per_step": 8, "checkpoint_every": 6}
+              "sft_answers_per_step": 2, "grad_accumulation": 1, "states_per_step": 8, "checkpoint_every": 6,
+              "learning_curve_prompts": 2}
     config = evaluate.answer_config(params)
     assert (config.steps, config.learning_rate, config.states_per_step, config.grad_accumulation) == (12, 3e-3, 1, 2)
     assert (config.ar_weight, config.consistency_weight, config.label_smoothing) == (1.0, 0.0, 0.0)
+    assert not config.snapshots  # a learning curve is the CLLM's, not the fine-tuning's
     found = trajectories.samples(records)
     before = mean_loss(loaded.model, found, config.weights())
     final = train.train(str(model_folder), records, tmp_path / "sft", config, progress=False)
@@ -271,6 +273,20 @@ def test_a_few_training_steps_lower_the_loss(loaded, model_folder, tmp_path):
     assert [row["step"] for row in train.read_losses(tmp_path / "run")] == list(range(1, 13))
     assert not train.checkpoints(tmp_path / "run")  # the final model replaces the checkpoints
     assert train.train(str(model_folder), records, tmp_path / "run", config) == final  # done: no work
+
+
+def test_snapshots_keep_the_weights_of_every_checkpoint_for_a_learning_curve(loaded, model_folder, tmp_path):
+    records = collect(loaded, tmp_path / "t.jsonl", count=3)
+    config = train.TrainConfig(steps=6, learning_rate=3e-3, warmup_steps=2, checkpoint_every=2, snapshots=True)
+    final = train.train(str(model_folder), records, tmp_path / "run", config, progress=False)
+    kept = train.snapshots(tmp_path / "run")
+    assert [p.name for p in kept] == ["snapshot-000002", "snapshot-000004"]
+    assert [train.snapshot_step(p) for p in [*kept, final]] == [2, 4, 6]
+    assert torch.load(kept[0] / train.STATE_FILE, weights_only=False)["optimizer"] is None  # weights alone
+    weights = [models.load(str(p), dtype="float32").model.state_dict() for p in [*kept, final]]
+    name = next(iter(weights[0]))
+    assert not torch.equal(weights[0][name], weights[1][name]) and not torch.equal(weights[1][name], weights[2][name])
+    assert not train.checkpoints(tmp_path / "run")  # the resumable checkpoints are pruned as before
 
 
 def test_training_resumes_from_the_last_checkpoint(loaded, model_folder, tmp_path, monkeypatch):

@@ -147,6 +147,7 @@ def test_weight_left_linear_in_bf16_with_and_without_bf16_dot_products(monkeypat
         out = fast(x)
         assert out.dtype == torch.bfloat16 and out.shape == (rows, 48)
         torch.testing.assert_close(out.float(), exact, atol=0.05, rtol=0.02)
+        assert out.is_contiguous()  # a transposed view would send every multi-token attention to the math path
         widened = cpu_kernels.widen_to_fp32(x)
         assert widened == (not dot_products and rows >= cpu_kernels.FP32_PRODUCT_ROWS)
         if widened:  # fp32 products rounded once, then the bias added in bf16: to the last bit

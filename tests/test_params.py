@@ -37,6 +37,7 @@ GOOD = params.load_yaml(REPO_ROOT / "params/smoke/02_speculative.yaml")
     ({"draft": "/nowhere/model.gguf"}, "does not exist"),
     ({"dtype": "bf17"}, "dtype must be one of"),
     ({"device": "tpu"}, "device must be one of"),
+    ({"dtype": "auto", "device": "cuda"}, "dtype 'auto' chooses among torch's CPU paths, but device is 'cuda'"),
     ({"fp32_control": "yes"}, "fp32_control must be bool"),
 ])
 def test_bad_values_are_named(change, message):
@@ -89,7 +90,16 @@ CLLM_GOOD = params.load_yaml(REPO_ROOT / "params/smoke/04_cllm.yaml")
     ({"cost_curve_models": [{"model": "smollm2-135m-instruct"}]}, "list of {model, dtype} mappings"),
     ({"cost_curve_models": [{"model": "gpt-17", "dtype": "float32"}]}, "unknown model 'gpt-17'"),
     ({"cost_curve_n": [2, 4]}, "starts with 1"),
+    ({"dtype": "auto"}, "dtype 'auto' is for notebooks 01_baseline, 02_speculative; 04_cllm needs a dtype it names"),
+    ({"reference_dtype": "auto", "device": "cuda"}, "reference_dtype 'auto' chooses among torch's CPU paths, but "
+                                                    "device is 'cuda'"),
+    ({"learning_curve_prompts": -1}, "learning_curve_prompts must be an integer >= 0"),
 ])
 def test_bad_parallel_decoding_values_are_named(change, message):
     found = params.problems("04_cllm", CLLM_GOOD | change)
     assert any(message in problem for problem in found), found
+
+
+def test_dtype_auto_is_taken_where_a_notebook_lets_it():
+    assert params.problems("02_speculative", GOOD | {"dtype": "auto"}) == []
+    assert params.problems("04_cllm", CLLM_GOOD | {"reference_dtype": "auto"}) == []

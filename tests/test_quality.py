@@ -65,3 +65,25 @@ def test_sql_is_read_from_the_answer_and_compared_normalized():
     assert sql_exact_match("```sql\nselect name, country, age\nfrom singer order by age desc;\n```", gold)
     assert not sql_exact_match("```sql\nSELECT name, country FROM singer ORDER BY age DESC\n```", gold)
     assert sql_exact_match('SELECT count(*) FROM t WHERE x = "a"', "SELECT count ( * ) FROM t WHERE x = 'a'")
+
+
+# --- the final number of a worked math solution -------------------------------------------------
+
+@pytest.mark.parametrize("text, number", [
+    ("3 apples + 4 apples = 7 apples\n#### 7", 7.0),
+    ("#### 1,234", 1234.0),
+    ("She pays $12.50 in all.\n#### 12.5 dollars", 12.5),
+    ("#### -3", -3.0),
+    ("First 2 + 2 = 4 #### 9 and then 10", 9.0),  # the number right after the last ####
+    ("So the answer is 15.", 15.0),  # no ####: the last number
+    ("30 minutes, then 144 minutes, 174 in all", 174.0),
+    ("no number at all", None),
+    ("#### none", None),
+])
+def test_final_number_of_a_worked_solution(text, number):
+    assert quality.final_number(text) == number
+
+
+def test_answer_is_correct_compares_numbers_not_strings():
+    assert quality.answer_is_correct("... #### 3.50", "3.5") and quality.answer_is_correct("#### 1,000", "1000")
+    assert not quality.answer_is_correct("#### 35", "3.5") and not quality.answer_is_correct("no answer", "3")

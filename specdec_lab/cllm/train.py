@@ -3,7 +3,9 @@
 In-process (a notebook, one CPU or GPU) call `train(...)`; to scale out, the same loop runs under
 `accelerate launch -m specdec_lab.cllm.train --model ... --trajectories ... --out ...`.
 Every `checkpoint_every` steps `out/checkpoint-NNNNNN/` gets a normal `save_pretrained` folder with
-the tokenizer plus `training_state.pt` (optimizer, step); a rerun resumes from the newest one.
+the tokenizer plus `training_state.pt` (optimizer, step); a rerun resumes from the newest one. With
+`snapshots`, every checkpoint also leaves the weights alone in `out/snapshot-NNNNNN/` (no optimizer
+state: a third of a checkpoint), for a learning curve measured after training.
 `out/final/` is the trained model: `specdec_lab.models.load("out/final")` loads it like any model.
 The loss curve goes to `out/losses.jsonl`, one line per optimizer step (with its wall time; with
 several processes, the losses are the main process's share of the step).
@@ -47,6 +49,7 @@ class TrainConfig:
     max_grad_norm: float = 1.0
     checkpoint_every: int = 50
     keep_checkpoints: int = 1  # newest checkpoints kept on disk (the final model counts as one)
+    snapshots: bool = False  # keep the weights of every checkpoint (snapshot-NNNNNN/) for a learning curve
     ar_weight: float = 10.0
     consistency_weight: float = 1.0
     consistency: str = "global"
@@ -99,7 +102,18 @@ def batch_at(groups: Sequence[Sequence[Sample]], position: int, config: TrainCon
 
 def checkpoints(out: Path) -> list[Path]:
     """Checkpoint folders that were completely written, oldest first."""
-    return sorted(p for p in out.glob("checkpoint-*") if (p / STATE_FILE).exists())
+    return _complete(Path(out).glob("checkpoint-*"))
+
+
+def _complete(folders) -> list[Path]:
+    """The folders `save` finished (a '.partial' one holds its state file before the rename), oldest first."""
+    return sorted(p for p in folders if not p.name.endswith(".partial") and (p / STATE_FILE).exists())
+
+
+def outcome(config: TrainConfig) -> dict:
+    """The settings that decide the trained weights: `snapshots` only keeps copies along the way, so
+    turning it on or off neither retrains nor moves the run to another folder."""
+    return {key: value for key, value in asdict(config).items() if key != "snapshots"}
 
 
 def save(folder: Path, model, tokenizer, optimizer, step: int, config: TrainConfig) -> None:
@@ -114,6 +128,16 @@ def save(folder: Path, model, tokenizer, optimizer, step: int, config: TrainConf
     torch.save({"optimizer": optimizer_state, "step": step, "config": asdict(config)}, partial / STATE_FILE)
     shutil.rmtree(folder, ignore_errors=True)
     partial.rename(folder)
+
+
+def snapshots(out: Path) -> list[Path]:
+    """Weights-only snapshots that were completely written, oldest first (`TrainConfig.snapshots`)."""
+    return _complete(Path(out).glob("snapshot-*"))
+
+
+def snapshot_step(folder: Path) -> int:
+    """The optimizer step a snapshot (or the final model) was saved at."""
+    return torch.load(Path(folder) / STATE_FILE, map_location="cpu", weights_only=False)["step"]
 
 
 def _prune(out: Path, keep: int) -> None:
@@ -137,7 +161,7 @@ def last_run(path: Path) -> list[dict]:
 def run_folder(parent: str | Path, model: str, records: Sequence[dict], config: TrainConfig, dtype: str) -> Path:
     """`parent/cllm-<hash>`: one folder per (base model, training data, settings), so a notebook run
     with other parameters trains anew instead of resuming a run it does not match."""
-    identity = {"model": model, "dtype": dtype, "config": asdict(config),
+    identity = {"model": model, "dtype": dtype, "config": outcome(config),
                 "data": sorted((r["run_id"], r["prompt_id"]) for r in records)}
     return Path(parent) / f"cllm-{jsonl.config_hash(identity)}"
 
@@ -162,7 +186,7 @@ def train(
     final = out / FINAL
     if (final / STATE_FILE).exists():
         done = torch.load(final / STATE_FILE, map_location="cpu", weights_only=False)
-        if done["config"] == asdict(config):
+        if {key: value for key, value in done["config"].items() if key != "snapshots"} == outcome(config):
             return final
         raise ValueError(f"{final} holds a run with other settings ({done['config']}); "
                          f"use another output folder or delete {out}")
@@ -232,6 +256,8 @@ def train(
                     save(out / FINAL, unwrapped, loaded.tokenizer, None, step, config)
                     _prune(out, config.keep_checkpoints - 1)  # the final model counts as one
                 else:
+                    if config.snapshots:  # before the checkpoint: a resume from it never skips a snapshot
+                        save(out / f"snapshot-{step:06d}", unwrapped, loaded.tokenizer, None, step, config)
                     save(out / f"checkpoint-{step:06d}", unwrapped, loaded.tokenizer, optimizer, step, config)
                     _prune(out, config.keep_checkpoints)
     bar.close()
@@ -253,7 +279,10 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--dtype", default="float32")
     parser.add_argument("--gpu", action="store_true", help="train on the accelerator's GPU(s) instead of the CPU")
     for field, default in asdict(TrainConfig()).items():
-        parser.add_argument(f"--{field.replace('_', '-')}", type=type(default), default=default)
+        if isinstance(default, bool):  # type=bool would read "--snapshots False" as True
+            parser.add_argument(f"--{field.replace('_', '-')}", action=argparse.BooleanOptionalAction, default=default)
+        else:
+            parser.add_argument(f"--{field.replace('_', '-')}", type=type(default), default=default)
     args = vars(parser.parse_args(argv))
     config = TrainConfig(**{field: args[field] for field in asdict(TrainConfig())})
     final = train(args["model"], args["trajectories"], args["out"], config, dtype=args["dtype"], cpu=not args["gpu"])

@@ -25,7 +25,7 @@ class Tables:
     table: pd.DataFrame  # target methods, speed ratio against transformers' generate
     weights: pd.DataFrame  # weight bytes of each loaded model
     cost_ratio: float | None  # draft ms/token / target ms/token (None without a draft)
-    path: str  # what the target computes in (the path dtype 'auto' chose, say): 'bf16', 'bf16 int4-wo'
+    precision: str  # what the target computes in (the path dtype 'auto' chose, say): 'bf16', 'bf16 int4-wo'
     bandwidth: float  # bytes/s of a large tensor copy on this machine
     roofline: pd.DataFrame  # per AR method: measured tokens/s, the bandwidth bound, the fraction reached
     cost_curves: pd.DataFrame  # T(n) per model: n, ms, relative_to_one
@@ -36,7 +36,7 @@ def run(params: dict) -> Tables:
     draft = models.load(params["draft"], dtype=params["dtype"], device=params["device"]) if params["draft"] else None
     prompts = data.load_prompts(params["prompt_set"], params["num_prompts"], seed=params["seed"])
     print(f"{len(prompts)} prompts from {params['prompt_set']!r}; target {params['target']} and draft "
-          f"{params['draft']} in {target.path}{'' if draft is None else ' / ' + draft.path} on {params['device']}")
+          f"{params['draft']} in {target.precision}{'' if draft is None else ' / ' + draft.precision} on {params['device']}")
     methods = lineups.baseline(target, draft, params["max_new_tokens"])
     model_of = {m.name: target if m.role == "target AR" else draft for m in methods}
     if params["llama_cpp"]:  # the kit's AR loop on llama.cpp's engine, on the GGUF file the target comes from
@@ -45,9 +45,10 @@ def run(params: dict) -> Tables:
                                   weights=Weights(quantization=on_llama.quantization)))
         model_of[LLAMA_CPP_AR] = on_llama
     rows = bench.run(methods, prompts, target.tokenizer, out=common.results_file(params, NOTEBOOK, "runs.jsonl"),
-                     repeats=params["repeats"], warmup=params["warmup"], config=params, desc="baseline")
+                     repeats=params["repeats"], warmup=params["warmup"], desc="baseline",
+                     config={**params, **common.precisions(target=target, draft=draft)})
     target_rows = rows[rows.role == "target AR"]
-    weights = pd.DataFrame([{"model": m.name, "path": m.path, "weights_mb": m.weight_bytes / 2**20}
+    weights = pd.DataFrame([{"model": m.name, "precision": m.precision, "weights_mb": m.weight_bytes / 2**20}
                             for m in (target, draft) if m is not None])
     cost_ratio = None
     if draft is not None:
@@ -61,10 +62,10 @@ def run(params: dict) -> Tables:
                                                          repeats=params["cost_curve_repeats"]).assign(model=name)
                              for name, m in loaded.items() if m is not None], ignore_index=True)
     cost_curves.to_csv(common.results_file(params, NOTEBOOK, "cost_curves.csv"), index=False)
-    tables = Tables(rows, metrics.summary(target_rows, baseline=TRANSFORMERS_AR), weights, cost_ratio, target.path,
+    tables = Tables(rows, metrics.summary(target_rows, baseline=TRANSFORMERS_AR), weights, cost_ratio, target.precision,
                     bandwidth, roofline, cost_curves)
     summary = common.summary_lines(metrics.summary(target_rows, baseline=lineups.TARGET_AR), methods)
-    common.write_outputs(params, NOTEBOOK, summary, headline(tables), model=params["target"], dtype=target.path)
+    common.write_outputs(params, NOTEBOOK, summary, headline(tables), model=params["target"], dtype=target.precision)
     return tables
 
 
@@ -103,10 +104,10 @@ def findings(tables: Tables) -> str:
     text = (f"On the target, the kit's loop makes **{ours.tokens_per_second:.1f} tokens/s** against "
             f"**{theirs.tokens_per_second:.1f}** for `generate` (speed ratio {ours.speedup:.2f}, measured side by "
             f"side; 1.00 means equal). Greedy outputs agree on {ours.full_match_rate:.0%} of the samples "
-            f"(mean agreement {ours.agreement:.3f}; {tables.path}).")
+            f"(mean agreement {ours.agreement:.3f}; {tables.precision}).")
     ours_bound = tables.roofline.set_index("method").loc[lineups.TARGET_AR]
     text += (f"\n\nThis machine copies memory at **{tables.bandwidth / 1e9:.1f} GB/s**. Decoding one token reads "
-             f"{ours_bound.bytes_read_per_token_mb:,.0f} MB of target weights ({tables.path}), so AR decoding cannot "
+             f"{ours_bound.bytes_read_per_token_mb:,.0f} MB of target weights ({tables.precision}), so AR decoding cannot "
              f"exceed **{ours_bound.bound_tokens_per_second:.1f} tokens/s**; the kit's loop reaches "
              f"{ours_bound.decode_tokens_per_second:.1f} while decoding ({ours_bound.fraction_of_bound:.0%} of the "
              f"bound; {ours_bound.tokens_per_second:.1f} tokens/s with the prefill).")

@@ -12,16 +12,17 @@ from pathlib import Path
 
 import pandas as pd
 import torch
+from tqdm.auto import tqdm
 
 from specdec_lab import data, hardware, metrics, models, quality
 from specdec_lab.cllm import train, trajectories
 from specdec_lab.decoders.backend import stop_token_ids
 from specdec_lab.experiments import common, lineups
-from specdec_lab.experiments.cllm_tables import (Tables, block_summary, block_table, break_even_table, groups,
-                                                 looping_answers, ms_per_forward, paired_answers, seen_and_held_out,
-                                                 sql_accuracy)
+from specdec_lab.experiments.cllm_tables import (Tables, accuracy, block_summary, block_table, break_even_table,
+                                                 groups, learning_curve_table, looping_answers, ms_per_decode_forward,
+                                                 paired_answers, seen_and_held_out)
 from specdec_lab.experiments.cllm_words import headline
-from specdec_lab.models import LoadedModel
+from specdec_lab.models import LoadedModel, cpu_kernels
 from specdec_lab.runs import bench
 
 NOTEBOOK = "04_cllm"
@@ -39,9 +40,23 @@ def split(params: dict) -> tuple[list[data.Prompt], list[data.Prompt]]:
 
 
 def train_config(params: dict) -> train.TrainConfig:
-    """The notebook's training parameters, named as TrainConfig names them (`train_steps` -> steps)."""
-    names = {field.name for field in fields(train.TrainConfig)}
-    return train.TrainConfig(steps=params["train_steps"], **{k: v for k, v in params.items() if k in names - {"steps"}})
+    """The notebook's training parameters, named as TrainConfig names them (`train_steps` -> steps),
+    with `mixed_precision: auto` resolved (`mixed_precision`)."""
+    names = {field.name for field in fields(train.TrainConfig)} - {"steps", "snapshots", "mixed_precision"}
+    return train.TrainConfig(steps=params["train_steps"], snapshots=params["learning_curve_prompts"] > 0,
+                             mixed_precision=mixed_precision(params["mixed_precision"], params["device"]),
+                             **{k: v for k, v in params.items() if k in names})
+
+
+def mixed_precision(asked: str, device: str) -> str:
+    """'auto': bf16 autocast on a GPU or on a CPU with bf16 dot products (AVX-512 BF16, AMX), where
+    it made a training step 1.7x faster than fp32; none elsewhere: on the AVX2 EPYC every bf16
+    product is emulated, and a step of the cpu profile took 120 s under autocast."""
+    if asked != "auto":
+        return asked
+    if models.device_type(device) == "cuda":
+        return "bf16"
+    return "bf16" if cpu_kernels.BF16_DOT_PRODUCTS else "no"
 
 
 def answer_config(params: dict) -> train.TrainConfig:
@@ -49,7 +64,7 @@ def answer_config(params: dict) -> train.TrainConfig:
     `sft_answers_per_step` answers (one prompt each) accumulated into every optimizer step."""
     return replace(train_config(params), steps=params["sft_steps"], learning_rate=params["sft_learning_rate"],
                    grad_accumulation=params["sft_answers_per_step"], consistency_weight=0.0, ar_weight=1.0,
-                   label_smoothing=0.0, states_per_step=1)
+                   label_smoothing=0.0, states_per_step=1, snapshots=False)
 
 
 def fine_tune_on_answers(params: dict, prompts: Sequence[data.Prompt], answers: dict[str, str],
@@ -85,8 +100,9 @@ def run(params: dict) -> Tables:
     curves = {(model, dtype): cost_curve(pretrained, model, dtype, params)}
     train_side, held_out_set = split(params)
     train_set = train_side[:params["train_prompts"]]
-    print(f"training: {len(train_set)} prompts over {len(groups(train_set))} databases")
-    print(f"held out: {len(held_out_set)} prompts over databases never trained on: {', '.join(groups(held_out_set))}")
+    kind = data.GROUP_KINDS.get(params["prompt_set"], "groups")
+    print(f"training: {len(train_set)} prompts over {len(groups(train_set))} {kind}")
+    print(f"held out: {len(held_out_set)} prompts over {kind} never trained on: {', '.join(groups(held_out_set))}")
 
     base, base_spec, pretrained_rows = base_model(params, pretrained, train_side, held_out_set)
     del pretrained
@@ -102,18 +118,20 @@ def run(params: dict) -> Tables:
     seen_rows = measure_training_prompts(params, base, cllm, train_set, trained.kept, measured)
     nll = held_out_nll({"base": base, "CLLM": cllm}, rows, held_out_set)
     del cllm, methods, base
+    curve = learning_curve(params, trained, rows, held_out_set, measured)
 
-    reference_rows, reference_path = measure_reference(params, held_out_set, curves)
+    reference_rows, reference_precision = measure_reference(params, held_out_set, curves)
     cost_curves = measure_other_cost_curves(params, curves)
     tables = assemble(params, train_set, held_out_set, trained, rows, table, seen_rows, nll, cost_curves)
     add_accuracy(tables, params, rows, pretrained_rows)
+    tables.learning_curve = curve
     if reference_rows is not None:
-        tables.reference_path = reference_path
+        tables.reference_precision = reference_precision
         tables.reference_table = metrics.summary(reference_rows, baseline=lineups.BASE_AR)
-        tables.reference_table["ms_per_forward"] = ms_per_forward(reference_rows)
+        tables.reference_table["ms_per_decode_forward"] = ms_per_decode_forward(reference_rows)
         tables.reference_blocks = block_summary(block_table(reference_rows))
     common.write_outputs(params, NOTEBOOK, summary, headline(tables), dtype=dtype,
-                         model=f"{model} fine-tuned on gold SQL" if params["sft_steps"] else model)
+                         model=f"{model} fine-tuned on reference answers" if params["sft_steps"] else model)
     return tables
 
 
@@ -160,6 +178,33 @@ def train_cllm(params: dict, base: LoadedModel, base_spec: str, train_set: Seque
     return Trained(records, kept, losses, folder)
 
 
+def learning_curve(params: dict, trained: Trained, held_out_rows: pd.DataFrame, held_out_set: Sequence[data.Prompt],
+                   measured: dict) -> pd.DataFrame | None:
+    """Jacobi decoding by the model at every checkpoint of the training, on the first
+    `learning_curve_prompts` held-out prompts (`learning_curve_table`): whether more training would
+    pay shows in the slope. Step 0 (the base model) and the last step (the CLLM) are the held-out
+    rows' own Jacobi rows; the snapshots in between decode now (counts, not times: no interleaving)."""
+    if not params["learning_curve_prompts"]:
+        return None
+    prompts = list(held_out_set[:params["learning_curve_prompts"]])
+    ends = held_out_rows[held_out_rows.prompt_id.isin({p.id for p in prompts})]
+    snapshots = train.snapshots(trained.folder.parent)
+    if not snapshots and params["train_steps"] > params["checkpoint_every"]:
+        print(f"learning curve: {trained.folder.parent} was trained without snapshots, so the curve has its two ends "
+              "only; delete that folder to train again with them")
+    points = [ends[ends.decoder == lineups.BASE_JACOBI].assign(step=0)]
+    for folder in tqdm(snapshots, desc="learning curve", unit="checkpoint"):
+        step = train.snapshot_step(folder)
+        model = models.load(str(folder), dtype=params["dtype"], device=params["device"])
+        method = lineups.jacobi_method(model, params["max_new_tokens"], params["block_size"], params["init"],
+                                       f"Jacobi (CLLM after {step} steps)", lossless=False)
+        rows = bench.run([method], prompts, model.tokenizer, repeats=1, warmup=0, config=measured, desc=f"step {step}",
+                         out=common.results_file(params, NOTEBOOK, "learning_curve.jsonl"))
+        points.append(rows.assign(step=step))
+    points.append(ends[ends.decoder == lineups.CLLM_JACOBI].assign(step=train.snapshot_step(trained.folder)))
+    return learning_curve_table(pd.concat(points, ignore_index=True), quality.answer_key(params["prompt_set"]))
+
+
 def measure_training_prompts(params: dict, base: LoadedModel, cllm: LoadedModel, train_set: Sequence[data.Prompt],
                              kept: list[dict], measured: dict) -> pd.DataFrame:
     """Jacobi of the base model and of the CLLM on the training prompts it was trained on (looping
@@ -177,9 +222,10 @@ def measure_reference(params: dict, held_out_set: Sequence[data.Prompt],
     `reference_dtype: auto` chose that), its cost curve into `curves`; (None, None) without one."""
     if not params["reference_model"]:
         return None, None
-    reference, spec, _ = load_reference(params)
-    curves[(spec, reference.path)] = cost_curve(reference, spec, reference.path, params)
-    return run_reference(reference, params, held_out_set), reference.path
+    reference = load_reference(params)
+    spec, label = params["reference_model"], curve_dtype(reference)
+    curves[(spec, label)] = cost_curve(reference, spec, label, params)
+    return run_reference(reference, params, held_out_set), reference.precision
 
 
 def measure_other_cost_curves(params: dict, curves: dict) -> pd.DataFrame:
@@ -200,7 +246,7 @@ def assemble(params: dict, train_set, held_out_set, trained: Trained, rows: pd.D
              seen_rows: pd.DataFrame, nll: pd.DataFrame, cost_curves: pd.DataFrame) -> Tables:
     """The tables from the held-out rows (`table`: their summary), the training-prompt rows, the
     NLL and the cost curves."""
-    table["ms_per_forward"] = ms_per_forward(rows)
+    table["ms_per_decode_forward"] = ms_per_decode_forward(rows)
     blocks, both = block_table(rows), seen_and_held_out(seen_rows, rows)
     tables = Tables(
         train_set, held_out_set, trajectories.summary(trained.records), trained.losses, trained.folder, rows, table,
@@ -213,19 +259,27 @@ def assemble(params: dict, train_set, held_out_set, trained: Trained, rows: pd.D
 
 
 def add_accuracy(tables: Tables, params: dict, rows: pd.DataFrame, pretrained_rows: pd.DataFrame | None) -> None:
-    """Spider's exact match per method (the pretrained model's too, when the base was fine-tuned),
-    and base against CLLM prompt by prompt; nothing for a prompt set without gold queries."""
-    if params["prompt_set"] != "spider":
+    """Exact match per method by the prompt set's answer key (Spider's gold SQL, a math problem's final
+    number; the pretrained model's too, when the base was fine-tuned), and base against CLLM prompt
+    by prompt; nothing for a prompt set without checkable answers."""
+    key = quality.answer_key(params["prompt_set"])
+    if key is None:
         return
-    gold = data.spider_gold()
     answered = rows if pretrained_rows is None else pd.concat([pretrained_rows, rows])
-    tables.sql_accuracy = sql_accuracy(answered, gold)
-    tables.accuracy_pairs = paired_answers(rows, gold, lineups.BASE_AR, lineups.CLLM_JACOBI)
+    tables.answer_key, tables.accuracy = key, accuracy(answered, key)
+    tables.accuracy_pairs = paired_answers(rows, key, lineups.BASE_AR, lineups.CLLM_JACOBI)
 
 
-def load_reference(params: dict) -> tuple[LoadedModel, str, str]:
-    spec, dtype = params["reference_model"], params["reference_dtype"]
-    return models.load(spec, dtype=dtype, device=params["device"]), spec, dtype
+def load_reference(params: dict) -> LoadedModel:
+    return models.load(params["reference_model"], dtype=params["reference_dtype"], device=params["device"])
+
+
+def curve_dtype(loaded: LoadedModel) -> str:
+    """A cost curve's dtype label as the parameters spell it ('bfloat16'; 'bfloat16 int4-wo' where
+    `reference_dtype: auto` chose int4), so the reference model's curve and the same model's entry
+    in `cost_curve_models` are one curve, measured once."""
+    name = str(loaded.dtype).removeprefix("torch.")
+    return name if loaded.quantization == "none" else f"{name} {loaded.quantization}"
 
 
 def run_reference(reference: LoadedModel, params: dict, held_out_set: list[data.Prompt]) -> pd.DataFrame:
@@ -235,7 +289,8 @@ def run_reference(reference: LoadedModel, params: dict, held_out_set: list[data.
                            with_jacobi=params["reference_jacobi"], lookahead_configs=params["lookahead_configs"])
     return bench.run(methods, held_out_set[:params["reference_prompts"]], reference.tokenizer,
                      out=common.results_file(params, NOTEBOOK, "reference_model.jsonl"), repeats=params["repeats"],
-                     warmup=params["warmup"], config=params, desc=params["reference_model"])
+                     warmup=params["warmup"], config={**params, **common.precisions(target=reference)},
+                     desc=params["reference_model"])
 
 
 @torch.no_grad()

@@ -24,7 +24,7 @@ class Tables:
     losses: pd.DataFrame  # one row per optimizer step
     cllm_folder: Path
     rows: pd.DataFrame  # held-out rows: AR, Jacobi and lookahead of the base model and the CLLM
-    table: pd.DataFrame  # one line per method, with ms_per_forward
+    table: pd.DataFrame  # one line per method, with ms_per_decode_forward
     blocks: pd.DataFrame  # one row per Jacobi block
     block_stats: pd.DataFrame  # per method: iterations, fast-forwarded, stationary tokens per block
     seen_and_held_out: pd.DataFrame  # Jacobi rows on training prompts and on held-out ones
@@ -33,11 +33,13 @@ class Tables:
     looping: int  # CLLM held-out answers that loop
     cost_curves: pd.DataFrame  # T(n) per model: model, dtype, n, ms, relative_to_one
     break_even: pd.DataFrame  # per model and parallel method: tokens per forward needed to beat AR
-    reference_path: str | None = None  # what the reference model computed in: 'bf16', 'bf16 int4-wo'
+    reference_precision: str | None = None  # what the reference model computed in: 'bf16', 'bf16 int4-wo'
     reference_table: pd.DataFrame | None = None  # AR vs lookahead (vs Jacobi) on an untrained larger model
     reference_blocks: pd.DataFrame | None = None
-    sql_accuracy: pd.DataFrame | None = None  # per method: exact match of its held-out SQL with Spider's gold
+    answer_key: quality.AnswerKey | None = None  # the prompt set's gold answers and how they are matched
+    accuracy: pd.DataFrame | None = None  # per method: the share of its held-out answers that are right
     accuracy_pairs: dict | None = None  # base vs CLLM prompt by prompt (`paired_answers`)
+    learning_curve: pd.DataFrame | None = None  # per checkpoint: step, tokens per forward, exact match, prompts
     cllm_lookahead: str | None = None  # the method name of lookahead decoding on the CLLM, when run
     base_lookahead: str | None = None  # and of lookahead on the base model with the same W, N, G
 
@@ -46,10 +48,15 @@ def groups(prompts: Sequence[data.Prompt]) -> list[str]:
     return sorted({p.group for p in prompts})
 
 
-def ms_per_forward(rows: pd.DataFrame) -> pd.Series:
-    """Per method: wall time per target forward pass (ms), all samples pooled."""
-    totals = rows.groupby("decoder")[["wall_time_s", "target_forwards"]].sum()
-    return 1000 * totals.wall_time_s / totals.target_forwards
+def ms_per_decode_forward(rows: pd.DataFrame) -> pd.Series:
+    """Per method: decode time per target forward (ms), all samples pooled:
+    sum(wall - time to first token) / sum(forwards - 1). The first forward is the prefill, over the
+    whole prompt: counted in, it makes a method's forwards look dearer the longer its prompts and the
+    fewer its forwards, and a forward could no longer be set beside T(n) at the method's n."""
+    decoding = rows.assign(decode_s=rows.wall_time_s - rows.time_to_first_token_s,
+                           decode_forwards=rows.target_forwards - 1)
+    totals = decoding[decoding.decode_forwards > 0].groupby("decoder")[["decode_s", "decode_forwards"]].sum()
+    return 1000 * totals.decode_s / totals.decode_forwards
 
 
 def looping_answers(rows: pd.DataFrame, decoder: str) -> int:
@@ -67,27 +74,39 @@ def seen_and_held_out(seen: pd.DataFrame, held_out: pd.DataFrame) -> pd.DataFram
     return both[both.role == "parallel"].reset_index(drop=True)
 
 
-def answer_matches(rows: pd.DataFrame, gold: dict[str, str]) -> pd.Series:
-    """(method, prompt id) -> whether its held-out answer (first repeat) matches Spider's gold query
-    (`quality.sql_exact_match`), in the rows' order of methods."""
+def answer_matches(rows: pd.DataFrame, key: quality.AnswerKey) -> pd.Series:
+    """(method, prompt id) -> whether its held-out answer (first repeat) is right by the prompt set's
+    answer key (Spider's gold query, a math problem's final number), in the rows' order of methods."""
     answers = rows[rows.repeat == 0].drop_duplicates(["decoder", "prompt_id"])
-    return pd.Series([quality.sql_exact_match(text, gold[prompt_id])
+    return pd.Series([key.matches(text, key.gold[prompt_id])
                       for text, prompt_id in zip(answers.text, answers.prompt_id)],
                      index=pd.MultiIndex.from_arrays([answers.decoder, answers.prompt_id]))
 
 
-def sql_accuracy(rows: pd.DataFrame, gold: dict[str, str]) -> pd.DataFrame:
-    """Per method: the share of its held-out answers whose SQL matches the gold query, and the prompt
-    count. The lossless methods answer as the base model does; the CLLM answers as itself."""
-    matches = answer_matches(rows, gold).astype(float).groupby(level="decoder", sort=False)
+def accuracy(rows: pd.DataFrame, key: quality.AnswerKey) -> pd.DataFrame:
+    """Per method: the share of its held-out answers that are right, and the prompt count. The
+    lossless methods answer as the base model does; the CLLM answers as itself."""
+    matches = answer_matches(rows, key).astype(float).groupby(level="decoder", sort=False)
     return pd.DataFrame({"exact_match": matches.mean(), "prompts": matches.size()})
 
 
-def paired_answers(rows: pd.DataFrame, gold: dict[str, str], first: str, second: str) -> dict[str, int]:
+def learning_curve_table(rows: pd.DataFrame, key: quality.AnswerKey | None) -> pd.DataFrame:
+    """Per training step (a `step` column on Jacobi rows): tokens per forward (mean over prompts, first
+    repeat), the share of answers that are right (NaN for a prompt set without an answer key) and the
+    prompt count."""
+    records = []
+    for step, group in rows[rows.repeat == 0].groupby("step"):
+        right = float(answer_matches(group, key).mean()) if key is not None else float("nan")
+        records.append({"step": int(step), "tokens_per_target_forward": group.tokens_per_target_forward.mean(),
+                        "exact_match": right, "prompts": group.prompt_id.nunique()})
+    return pd.DataFrame(records, columns=["step", "tokens_per_target_forward", "exact_match", "prompts"])
+
+
+def paired_answers(rows: pd.DataFrame, key: quality.AnswerKey, first: str, second: str) -> dict[str, int]:
     """How two methods' held-out answers (first repeat) compare prompt by prompt: right in both, only
     in `first`, only in `second`, in neither. Two accuracies from the same few prompts differ by the
     prompts one gets right and the other wrong; these counts say how many that is."""
-    matches = answer_matches(rows[rows.decoder.isin([first, second])], gold)
+    matches = answer_matches(rows[rows.decoder.isin([first, second])], key)
     shared = set(matches[first].index) & set(matches[second].index)
     right = {method: {p for p in shared if matches[method][p]} for method in (first, second)}
     return {"both": len(right[first] & right[second]), "only_first": len(right[first] - right[second]),
@@ -148,7 +167,7 @@ def cllm_pick(break_even: pd.DataFrame, reachable: float = 1.5) -> pd.Series | N
 
 
 def accuracy_names(accuracy: pd.DataFrame) -> dict[str, str]:
-    """The models whose SQL accuracy is reported, by their method's row: the pretrained model (when
+    """The models whose task accuracy is reported, by their method's row: the pretrained model (when
     04 fine-tunes it first), the base and the CLLM."""
     names = {lineups.PRETRAINED_AR: "pretrained", lineups.BASE_AR: "base", lineups.CLLM_JACOBI: "CLLM"}
     return {method: name for method, name in names.items() if method in accuracy.index}
@@ -169,7 +188,7 @@ def jacobi_numbers(tables: Tables) -> dict:
         "base_iterations": tables.block_stats.iterations_per_block[base],
         "cllm_iterations": tables.block_stats.iterations_per_block[cllm],
         "seen_prompts": trained_on.prompt_id.nunique(), "base_seen_tpf": seen[base], "cllm_seen_tpf": seen[cllm],
-        "jacobi_cost": table.ms_per_forward[base] / table.ms_per_forward[lineups.BASE_AR],
+        "jacobi_cost": table.ms_per_decode_forward[base] / table.ms_per_decode_forward[lineups.BASE_AR],
         "base_speedup": table.speedup[base], "cllm_speedup": table.speedup[cllm],
         "cllm_agreement": table.agreement[cllm], "base_nll": nll["base"], "cllm_nll": nll["CLLM"],
         "looping": tables.looping, "cllm_answers": tables.rows[tables.rows.decoder == cllm].prompt_id.nunique(),

@@ -42,10 +42,11 @@ def headline(tables: Tables) -> dict:
         lookahead = tables.table.loc[tables.cllm_lookahead]
         line[f"{tables.cllm_lookahead}: tokens/forward"] = round(float(lookahead.tokens_per_target_forward), 3)
         line[f"{tables.cllm_lookahead}: speedup over AR (per token)"] = words.interval(Speedup.from_line(lookahead))
-    if tables.sql_accuracy is not None:
-        accuracy, names = tables.sql_accuracy, accuracy_names(tables.sql_accuracy)
+    if tables.accuracy is not None:
+        accuracy, names = tables.accuracy, accuracy_names(tables.accuracy)
         shares = " / ".join(f"{accuracy.exact_match[method]:.2f}" for method in names)
-        line["SQL exact match, " + " / ".join(names.values())] = f"{shares} ({int(accuracy.prompts.max())} prompts)"
+        label = f"{tables.answer_key.measure}, " + " / ".join(names.values())
+        line[label] = f"{shares} ({int(accuracy.prompts.max())} prompts)"
     return line
 
 
@@ -75,22 +76,24 @@ def cllm_lookahead_findings(tables: Tables) -> str:
     if tables.cllm_lookahead is None:
         return ""
     line, table = tables.table.loc[tables.cllm_lookahead], tables.table
+    cost = line.ms_per_decode_forward / table.ms_per_decode_forward[lineups.BASE_AR]
     return (f"Lookahead decoding of the CLLM ({tables.cllm_lookahead}) makes **{line.tokens_per_target_forward:.2f}** "
             f"tokens per forward (the base model {table.tokens_per_target_forward[tables.base_lookahead]:.2f} at the "
-            f"same W, N, G) at {line.ms_per_forward / table.ms_per_forward[lineups.BASE_AR]:.2f}x the time of an AR "
-            f"step: **{words.interval(Speedup.from_line(line))}** AR. ")
+            f"same W, N, G) at {cost:.2f}x the time of an AR step (decode forwards): "
+            f"**{words.interval(Speedup.from_line(line))}** AR. ")
 
 
 def accuracy_findings(tables: Tables, params: dict) -> str:
-    """SQL exact match of the base model and the CLLM, prompt by prompt, and of the pretrained model
-    when the base was fine-tuned first ("" for a prompt set without reference answers)."""
-    if tables.sql_accuracy is None:
+    """Exact match of the base model and the CLLM by the prompt set's answer key, prompt by prompt,
+    and of the pretrained model when the base was fine-tuned first ("" for a prompt set without
+    checkable answers)."""
+    if tables.accuracy is None:
         return ""
-    accuracy, pairs = tables.sql_accuracy, tables.accuracy_pairs
-    text = (f" Task quality: the generated SQL matches Spider's gold query (normalized string match) on "
-            f"{accuracy.exact_match[lineups.BASE_AR]:.0%} of the held-out prompts for the base model and "
-            f"{accuracy.exact_match[lineups.CLLM_JACOBI]:.0%} for the CLLM ({int(accuracy.prompts.max())} prompts, "
-            f"{params['max_new_tokens']} tokens: a longer query is cut off and cannot match).")
+    accuracy, pairs, key = tables.accuracy, tables.accuracy_pairs, tables.answer_key
+    text = (f" Task quality ({key.measure}): {accuracy.exact_match[lineups.BASE_AR]:.0%} of the held-out prompts "
+            f"are answered right by the base model and {accuracy.exact_match[lineups.CLLM_JACOBI]:.0%} by the CLLM "
+            f"({int(accuracy.prompts.max())} prompts, {params['max_new_tokens']} tokens: a longer answer is cut off "
+            f"and cannot match).")
     if pairs and sum(pairs.values()):
         text += (f" Prompt by prompt, the base model answers {pairs['only_first']} right that the CLLM gets wrong and "
                  f"the CLLM {pairs['only_second']} the other way ({pairs['both']} right in both, {pairs['neither']} in "
@@ -98,7 +101,7 @@ def accuracy_findings(tables: Tables, params: dict) -> str:
     if lineups.PRETRAINED_AR in accuracy_names(accuracy):
         per_step = params["sft_answers_per_step"]
         text += (f" The base model is {params['model']} after {params['sft_steps']} steps of fine-tuning ({per_step} "
-                 f"answer{'s' * (per_step != 1)} each) on the gold SQL of the training databases; before them it "
+                 f"answer{'s' * (per_step != 1)} each) on {key.reference} of the training side; before them it "
                  f"matched {accuracy.exact_match[lineups.PRETRAINED_AR]:.0%}.")
     return text
 
@@ -107,10 +110,10 @@ def reference_findings(tables: Tables, params: dict) -> str:
     table = tables.reference_table
     parallel = table[table.index != lineups.BASE_AR]
     best = parallel.speedup.idxmax()
-    lines = [f"Untrained {params['reference_model']} ({tables.reference_path}), {int(table.prompts.max())} "
+    lines = [f"Untrained {params['reference_model']} ({tables.reference_precision}), {int(table.prompts.max())} "
              f"held-out prompts, {params['max_new_tokens']} tokens:"]
     for name, line in parallel.iterrows():
-        cost = line.ms_per_forward / table.ms_per_forward[lineups.BASE_AR]
+        cost = line.ms_per_decode_forward / table.ms_per_decode_forward[lineups.BASE_AR]
         lines.append(f"- {name}: **{line.tokens_per_target_forward:.2f}** tokens per forward at {cost:.2f}x the "
                      f"time of an AR step: **{words.interval(Speedup.from_line(line))}** AR, agreement with AR "
                      f"greedy {line.agreement:.2f}.")

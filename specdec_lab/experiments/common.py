@@ -31,6 +31,13 @@ def summary_lines(table: pd.DataFrame, methods: Sequence[Method]) -> pd.DataFram
     return out
 
 
+def precisions(**loaded) -> dict[str, str]:
+    """{'target_precision': 'bf16 int4-wo', ...} for the models given by role (None ones left out):
+    part of a bench run's configuration, so rows measured on another path (`dtype: auto` may choose
+    another one after a kernel or torch change) are not resumed as if they were these."""
+    return {f"{role}_precision": model.precision for role, model in loaded.items() if model is not None}
+
+
 def params_id(params: dict) -> str:
     """The id of the parameters a result was made with (the summary skips results whose id is not
     that of the profile's current parameter file: left over from an earlier run)."""

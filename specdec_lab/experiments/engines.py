@@ -47,7 +47,7 @@ class EngineTables:
 
 
 def torch_label(loaded: models.LoadedModel) -> str:
-    return "torch " + dense_path.path_label(str(loaded.dtype).removeprefix("torch."), loaded.quantization)
+    return "torch " + loaded.precision
 
 
 def lineup(target: models.LoadedModel, draft: models.LoadedModel, k: int, prompt_lookup_k: int,

@@ -71,7 +71,8 @@ def measure(params: dict) -> Tables:
                          out=common.results_file(params, NOTEBOOK, "methods.jsonl"), repeats=params["repeats"],
                          warmup=params["warmup"], desc="methods", only_on={m.name: sweep_ids for m in sweep_methods},
                          # the picker's choice of hybrid settings is part of what these rows measured
-                         config={**params, **hybrid_config(picked.hybrid_settings if picked else None)})
+                         config={**params, **hybrid_config(picked.hybrid_settings if picked else None),
+                                 **common.precisions(target=target, draft=draft)})
     rows = metrics.add_agreement(all_rows[all_rows.decoder.isin(names)], reference_decoder=lineups.TARGET_AR)
     table = metrics.summary(rows, baseline=lineups.TARGET_AR)
     ours, theirs = the_draft_model_pair(methods, params["k"], params["schedules"][0])
@@ -93,7 +94,7 @@ def measure(params: dict) -> Tables:
         tables.picked = picked
     tables.per_category = per_category(tables)
     common.write_outputs(params, NOTEBOOK, common.summary_lines(table, methods), headline(tables),
-                         model=params["target"], dtype=target.path)
+                         model=params["target"], dtype=target.precision)
     return tables
 
 

@@ -65,8 +65,8 @@ class WeightLeftLinear(nn.Linear):
             out = torch.mv(self.weight, flat[0]).unsqueeze(0)
         elif widen_to_fp32(flat):
             out = (flat.float() @ self.weight.float().T).to(x.dtype)
-        else:
-            out = (self.weight @ flat.T).T
+        else:  # contiguous: a transposed view reaches attention with stride n and takes its math path
+            out = (self.weight @ flat.T).T.contiguous()
         if self.bias is not None:
             out = out + self.bias
         return out.reshape(*x.shape[:-1], self.out_features)

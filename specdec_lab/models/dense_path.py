@@ -18,7 +18,7 @@ import torch
 
 from specdec_lab.machine import cpu_model
 from specdec_lab.models import zoo
-from specdec_lab.models.dtypes import DTYPE_LABELS, parse_dtype
+from specdec_lab.models.dtypes import parse_dtype, path_label
 
 AUTO = "auto"
 # (dtype, quantization): the dense paths torch has on a CPU. int4 weight-only is re-quantized from
@@ -45,11 +45,6 @@ class PathTiming:
     @property
     def label(self) -> str:
         return path_label(self.dtype, self.quantization)
-
-
-def path_label(dtype: str, quantization: str) -> str:
-    """'bf16', 'fp32', 'bf16 int4-wo': how tables and method names call a path."""
-    return DTYPE_LABELS[parse_dtype(dtype)] + ("" if quantization == "none" else f" {quantization}")
 
 
 @torch.inference_mode()

@@ -14,6 +14,12 @@ DTYPE_LABELS = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "f
 DEVICES = ("cpu", "cuda", "auto")
 
 
+def path_label(dtype: str | torch.dtype, quantization: str = "none") -> str:
+    """'bf16', 'fp32', 'bf16 int4-wo': how tables and sentences name a torch path (dtype and
+    weight-only quantization)."""
+    return DTYPE_LABELS[parse_dtype(dtype)] + ("" if quantization == "none" else f" {quantization}")
+
+
 def parse_dtype(dtype: str | torch.dtype) -> torch.dtype:
     if isinstance(dtype, torch.dtype):
         return dtype

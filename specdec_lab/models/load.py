@@ -17,7 +17,7 @@ from pathlib import Path
 import torch
 
 from specdec_lab.models import quantize, zoo
-from specdec_lab.models.dtypes import DEVICES, DTYPE_LABELS, device_type, parse_dtype
+from specdec_lab.models.dtypes import DEVICES, device_type, parse_dtype, path_label
 from specdec_lab.models.llama_cpp import LlamaCppModel, gguf_kind
 
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.\-]*/[\w.\-]+$")
@@ -40,12 +40,10 @@ class LoadedModel:
         return self.model.device
 
     @property
-    def path(self) -> str:
+    def precision(self) -> str:
         """How tables and sentences name what this model computes in: 'bf16', 'bf16 int4-wo' (the
         path `dtype='auto'` chose, say), 'llama.cpp Q4_K_M'."""
-        if self.dtype is None:
-            return f"llama.cpp {self.quantization}"
-        return DTYPE_LABELS[self.dtype] + ("" if self.quantization == "none" else f" {self.quantization}")
+        return f"llama.cpp {self.quantization}" if self.dtype is None else path_label(self.dtype, self.quantization)
 
     @property
     def weight_bytes(self) -> int:

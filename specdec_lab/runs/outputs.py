@@ -69,7 +69,8 @@ def environments(results_dir: str | Path) -> pd.DataFrame:
         for row in jsonl.read(path):
             if "env" not in row:
                 continue
-            entry = {**row["env"], "dtype": (row.get("config") or {}).get("dtype")}
+            config = row.get("config") or {}
+            entry = {**row["env"], "dtype": config.get("target_precision") or config.get("dtype")}  # auto: what it chose
             key = json.dumps(entry, sort_keys=True, default=str)
             seen.setdefault(key, {"experiments": set(), **entry})["experiments"].add(path.parent.name)
     frame = pd.DataFrame(list(seen.values()))
