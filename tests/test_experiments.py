@@ -138,7 +138,7 @@ def test_ms_per_decode_forward_leaves_the_prefill_out_and_pools_samples():
     assert per_forward["AR"] == pytest.approx(1000 * 3.4 / 38) and per_forward["Jacobi"] == pytest.approx(200.0)
 
 
-def test_train_config_takes_the_notebook_parameters_by_name():
+def test_train_config_takes_the_notebook_parameters_by_name(monkeypatch):
     params = {"train_steps": 7, "learning_rate": 1e-4, "grad_accumulation": 2, "states_per_step": 3,
               "ar_weight": 5.0, "consistency_weight": 2.0, "consistency": "local", "consistency_target": "hard",
               "mixed_precision": "bf16", "checkpoint_every": 4, "seed": 9, "model": "ignored", "repeats": 2,
@@ -148,6 +148,10 @@ def test_train_config_takes_the_notebook_parameters_by_name():
                                        ar_weight=5.0, consistency_weight=2.0, consistency="local",
                                        consistency_target="hard", mixed_precision="bf16", checkpoint_every=4, seed=9)
     assert cllm.train_config(params | {"learning_curve_prompts": 3}).snapshots  # a learning curve keeps them
+    for device, dot_products, resolved in (("cpu", True, "bf16"), ("cpu", False, "no"), ("cuda", False, "bf16")):
+        monkeypatch.setattr(cllm.cpu_kernels, "BF16_DOT_PRODUCTS", dot_products)
+        auto = params | {"mixed_precision": "auto", "device": device}
+        assert cllm.train_config(auto).mixed_precision == resolved, (device, dot_products)
     assert not cllm.answer_config(params | {"learning_curve_prompts": 3, "sft_steps": 2, "sft_learning_rate": 1e-3,
                                             "sft_answers_per_step": 1}).snapshots  # not the fine-tuning before it
 

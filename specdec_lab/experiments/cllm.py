@@ -44,7 +44,8 @@ def train_config(params: dict) -> train.TrainConfig:
     with `mixed_precision: auto` resolved (`mixed_precision`)."""
     names = {field.name for field in fields(train.TrainConfig)} - {"steps", "snapshots", "mixed_precision"}
     return train.TrainConfig(steps=params["train_steps"], snapshots=params["learning_curve_prompts"] > 0,
-                             mixed_precision=mixed_precision(params["mixed_precision"], params["device"]),
+                             mixed_precision=mixed_precision(params.get("mixed_precision", "no"),
+                                                             params.get("device", "cpu")),
                              **{k: v for k, v in params.items() if k in names})
 
 
