@@ -8,6 +8,7 @@ No pandas: decoders (the hybrid candidate source) use this. A cost curve is any 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from functools import lru_cache
 
 import numpy as np
 
@@ -66,3 +67,82 @@ def acceptance_alpha(accepted_per_step: Sequence[Sequence[int]], proposed_per_st
             accepted += kept
             rejected += kept < proposed
     return accepted / (accepted + rejected) if accepted + rejected else float("nan")
+
+
+# --- token trees: Sequoia's dynamic programme ---------------------------------------------------------
+
+def tree_expected_accepted(rank_acceptance: Sequence[float], nodes: int, depth: int) -> float:
+    """The most tokens a greedy token tree of at most `nodes` nodes and `depth` levels is expected to
+    have accepted a step, and (Sequoia, Chen et al. 2024) the tree's shape that gives it: with
+    `rank_acceptance[r]` the chance that the target's token is the draft's (r+1)-th ranked child of a
+    node, the same at every node, a node is accepted with the product of its path's chances, and the
+    expected accepted tokens are the sum of that over the tree's nodes. A chain of k is
+    sum_{i<=k} a_1^i, Leviathan's expectation without its bonus token."""
+    return _tree_value(tuple(float(a) for a in rank_acceptance), int(nodes), int(depth))
+
+
+@lru_cache(maxsize=None)
+def _tree_value(ranks: tuple[float, ...], nodes: int, depth: int) -> float:
+    """Best expected accepted tokens in the subtrees under one node: `nodes` nodes below it, `depth`
+    levels. Child r (ranks[r]) takes m of the nodes: itself and m - 1 in its own subtree."""
+    if nodes <= 0 or depth <= 0:
+        return 0.0
+    best_from = [0.0] * (nodes + 1)  # ranks r.. with n nodes, filled from the last rank back
+    for a in reversed(ranks):
+        best_from = [max([best_from[n], *(a * (1 + _tree_value(ranks, m - 1, depth - 1)) + best_from[n - m]
+                                          for m in range(1, n + 1))]) for n in range(nodes + 1)]
+    return best_from[nodes]
+
+
+def predicted_tree_speedup(rank_acceptance: Sequence[float], nodes: int, depth: int,
+                           relative_target: Mapping[int, float], draft_level_cost: float) -> float:
+    """Expected speedup over AR of a draft tree (steady state, no prefill): 1 + the expected accepted
+    tokens a step, against one target forward over nodes + 1 tokens (T(n) / T(1) from
+    `relative_target`) plus `depth` draft forwards of `draft_level_cost` target steps each."""
+    tokens = 1 + tree_expected_accepted(rank_acceptance, nodes, depth)
+    return tokens / (cost_at(relative_target, nodes + 1) + depth * draft_level_cost)
+
+
+def tree_shape(rank_acceptance: Sequence[float], nodes: int, depth: int) -> list[tuple[int, int]]:
+    """The tree that `tree_expected_accepted` found: (parent, rank) per node, level by level (parents
+    first, -1 the root; rank 0 is the draft's most likely child)."""
+    ranks = tuple(float(a) for a in rank_acceptance)
+    shape, frontier = [], [(-1, int(nodes), int(depth))]  # (node, nodes below it, levels below it)
+    while frontier:
+        following = []
+        for parent, budget, levels in frontier:
+            for rank, taken in enumerate(_allocation(ranks, budget, levels)):
+                if taken:
+                    shape.append((parent, rank))
+                    following.append((len(shape) - 1, taken - 1, levels - 1))
+        frontier = following
+    return shape
+
+
+def _allocation(ranks: tuple[float, ...], nodes: int, depth: int) -> list[int]:
+    """How many of `nodes` each ranked child takes (itself and its subtree) in the best subtrees."""
+    if nodes <= 0 or depth <= 0:
+        return [0] * len(ranks)
+    best = [[0.0] * (nodes + 1) for _ in range(len(ranks) + 1)]  # best[r][n]: ranks r.. with n nodes
+    taken = [[0] * (nodes + 1) for _ in ranks]
+    for r in reversed(range(len(ranks))):
+        for n in range(nodes + 1):
+            best[r][n] = best[r + 1][n]
+            for m in range(1, n + 1):
+                value = ranks[r] * (1 + _tree_value(ranks, m - 1, depth - 1)) + best[r + 1][n - m]
+                if value > best[r][n] + 1e-12:
+                    best[r][n], taken[r][n] = value, m
+    allocation, left = [], nodes
+    for r in range(len(ranks)):
+        allocation.append(taken[r][left])
+        left -= taken[r][left]
+    return allocation
+
+
+def shape_value(rank_acceptance: Sequence[float], shape: Sequence[tuple[int, int]]) -> float:
+    """Expected accepted tokens of a given (parent, rank) tree under `rank_acceptance`."""
+    reach = []
+    for parent, rank in shape:
+        chance = rank_acceptance[rank] if rank < len(rank_acceptance) else 0.0
+        reach.append(chance * (reach[parent] if parent >= 0 else 1.0))
+    return sum(reach)

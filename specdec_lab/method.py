@@ -76,6 +76,39 @@ class LookaheadConfig:
 
 
 @dataclass(frozen=True)
+class TreeSettings:
+    """A token tree's shape (`decoders.trees`); its depth is the source's k. At most `nodes` tokens
+    are verified a step. `branching`: a draft tree's children per node, a prompt-lookup tree's merged
+    matches. `beam`: a dynamic draft tree's nodes grown a level (EAGLE-2). `shape`: a fixed draft tree
+    (Sequoia's, sized by the picker), written by `shape_label`."""
+
+    nodes: int
+    branching: int
+    beam: int | None = None
+    shape: str | None = None
+
+    def label(self) -> str:
+        if self.shape is not None:
+            return f"tree of {self.nodes} nodes, <= {self.branching} children, sized by the picker"
+        grown = f", {self.beam} grown a level" if self.beam is not None else ""
+        what = "children" if self.beam is not None else "matches"
+        return f"tree <= {self.nodes} nodes, {self.branching} {what}{grown}"
+
+
+def shape_label(shape) -> str:
+    """A fixed tree's (parent, rank) nodes as one string, e.g. "-1:0 -1:1 0:0" (a row's column)."""
+    return " ".join(f"{parent}:{rank}" for parent, rank in shape)
+
+
+def parse_shape(label: str) -> list[tuple[int, int]]:
+    """`shape_label`'s inverse."""
+    try:
+        return [(int(parent), int(rank)) for parent, rank in (node.split(":") for node in label.split())]
+    except ValueError:
+        raise ValueError(f"a tree shape is 'parent:rank' per node, e.g. '-1:0 -1:1 0:0', got {label!r}") from None
+
+
+@dataclass(frozen=True)
 class CandidateSource:
     """What proposes the tokens a method verifies, with every setting that changes its proposals.
     Fields a kind does not use stay None. Two methods with equal records propose alike, so the
@@ -91,6 +124,7 @@ class CandidateSource:
     prompt_lookup_k: int | None = None  # the hybrid's lookup length
     hybrid: HybridSettings | None = None
     lookahead: LookaheadConfig | None = None
+    tree: TreeSettings | None = None  # a draft model or prompt lookup proposing token trees (depth: k)
     block_size: int | None = None  # Jacobi's block
     init: str | None = None  # Jacobi's initial guess
 
@@ -105,9 +139,9 @@ class CandidateSource:
             raise ValueError(f"unknown prompt-lookup match rule {self.match!r}: use one of {MATCH_RULES}")
 
 
-NESTED = {"hybrid": HybridSettings, "lookahead": LookaheadConfig}  # source fields that are records
+NESTED = {"hybrid": HybridSettings, "lookahead": LookaheadConfig, "tree": TreeSettings}  # source fields that are records
 INTEGER_COLUMNS = {"k", "max_ngram", "prompt_lookup_k", "block_size", "lookahead_window", "lookahead_ngram_size",
-                   "lookahead_candidates"}  # read back as ints (a frame with missing values holds them as floats)
+                   "lookahead_candidates", "tree_nodes", "tree_branching", "tree_beam"}  # read back as ints (a frame with missing values holds them as floats)
 
 
 def column_name(field_name: str) -> str:

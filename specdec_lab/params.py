@@ -192,6 +192,8 @@ RULES: dict[str, Callable[[str, object], str | None]] = {
     "schedules": _schedule_list,
     "sweep_prompts": _non_negative_int,  # 0: no k sweep
     "picker_prompts": _non_negative_int,  # 0: no draft picker
+    "tree_nodes": _non_negative_int,  # 0: no token trees; else the trees' node budget (the picker sizes the draft's)
+    "tree_branches": _positive_int,  # matches a prompt-lookup tree merges
     "control_prompts": _positive_int,
     "control_max_new_tokens": _positive_int,
     "control_target": _model_spec,
@@ -284,7 +286,15 @@ def problems(notebook: str, values: Mapping) -> list[str]:
             problem = RULES[name](name, value)
         if problem:
             found.append(problem)
-    return found + auto_dtype_problems(notebook, values)
+    return found + auto_dtype_problems(notebook, values) + tree_problems(values)
+
+
+def tree_problems(values: Mapping) -> list[str]:
+    """The draft tree is sized by the picker, from its calibration prompts: trees need the picker."""
+    if values.get("tree_nodes") and not values.get("picker_prompts"):
+        return [f"tree_nodes: {values['tree_nodes']} needs the draft picker, which sizes the draft tree from its "
+                "calibration prompts: set picker_prompts >= 1, or tree_nodes: 0 (no trees)"]
+    return []
 
 
 # The notebooks whose `dtype` may be "auto" (every other dtype of the kit says what it compares: 03's

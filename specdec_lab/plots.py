@@ -75,6 +75,22 @@ def category_speedups(table: pd.DataFrame, title: str = "Speedup over AR by kind
     return _finish(fig, title)
 
 
+def tree_vs_chain(table: pd.DataFrame, title: str = "Token trees against chains of the same source"):
+    """One panel per source kind: per kind of text, the tree's speedup over the chain (per-token time,
+    paired per prompt, geometric mean, 95% interval) as bars, the picker's prediction as a diamond."""
+    kinds = list(dict.fromkeys(table.source_kind))
+    fig, axes = plt.subplots(1, len(kinds), figsize=(6.5 * len(kinds), 0.6 * table.category.nunique() + 1.8),
+                             squeeze=False, sharex=True)
+    for ax, kind in zip(axes[0], kinds):
+        part = table[table.source_kind == kind].reset_index(drop=True)
+        interval_bars(ax, part.category, part, colors=sns.color_palette("tab10", len(part)))
+        if part.predicted.notna().any():
+            ax.scatter(part.predicted, range(len(part)), marker="D", color="black", zorder=3, label="predicted")
+            ax.legend(loc="lower right", fontsize=8)
+        ax.set(title=kind, xlabel="chain ms/token ÷ tree ms/token", ylabel="")
+    return _finish(fig, title)
+
+
 def k_sweep(table: pd.DataFrame, title: str = "Draft length k: measured and predicted speedup"):
     """Per category: measured speedup (geometric mean over prompts, 95% interval) and Leviathan's
     prediction (dashed) against k. `table` is `metrics.predicted_vs_measured`."""

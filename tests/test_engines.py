@@ -203,7 +203,7 @@ def test_the_target_cache_keeps_the_accepted_prefix_only(on):
     wrong = (free[3] + 1) % vocab_size(target)
     accepted, token = speculative.speculative_step(sequence, tokens, Candidates([free[1], free[2], wrong, free[4]]),
                                                    GREEDY, None)
-    assert (accepted, token) == (2, free[3]) and sequence.length == len(tokens) + accepted
+    assert (accepted, token) == (free[1:3], free[3]) and sequence.length == len(tokens) + len(accepted)
     cached = sequence.forward([token], keep=1)[-1]
     fresh = open_sequence(target).forward(tokens + free[1:3] + [token], keep=1)[-1]
     assert torch.allclose(cached, fresh, atol=1e-4)

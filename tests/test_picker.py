@@ -8,7 +8,9 @@ import pytest
 import torch
 
 from specdec_lab.decoders import autoregressive, speculative
-from specdec_lab.decoders.candidates import DraftModelCandidates, HybridCandidates, PromptLookupCandidates
+from specdec_lab.decoders.candidates import (DraftModelCandidates, DraftTreeCandidates, HybridCandidates,
+                                            PromptLookupCandidates, PromptLookupTreeCandidates)
+from specdec_lab.decoders.trees import depths
 from specdec_lab.decoders.backend import open_sequence
 from specdec_lab.experiments import picker
 from tiny import tiny_llama
@@ -143,3 +145,53 @@ def test_replay_ends_at_a_stop_token_a_proposal_runs_past():
     """The text stopped at token 3 after two tokens; the proposal (budget 10) holds it and more."""
     run = picker.replay(Proposes([7, 3, 9, 9]), PROMPT, [7, 3], max_new_tokens=10)
     assert (run.proposed, run.accepted) == ([4], [2])
+
+
+# --- token trees: the replay, Sequoia's sizing ------------------------------------------------------------
+
+SHAPES = [
+    [(-1, 0), (-1, 1), (0, 0), (0, 1), (1, 0), (2, 0)],  # two branches at the root and under the top child
+    [(-1, 0), (-1, 1), (-1, 2), (0, 0), (1, 0), (3, 0), (3, 1)],
+]
+
+
+@pytest.mark.parametrize("shape", SHAPES)
+def test_replayed_draft_tree_takes_the_decoders_steps(greedy, shape):
+    """The replayed Sequoia tree accepts what the real tree accepts, step for step: catches a rank read
+    at the wrong depth, a tree filled from the wrong parent, and draft forwards miscounted."""
+    real = speculative.generate(TARGET, DraftTreeCandidates(DRAFT, shape=shape), PROMPT, 48, stop_ids=[])
+    assert real.tokens == greedy
+    tree = picker.TeacherForcedTree(picker.forecast_draft(DRAFT, PROMPT, greedy), shape)
+    run = picker.replay(tree, PROMPT, greedy, 48)
+    assert (run.proposed, run.accepted) == steps(real)
+    assert run.draft_forwards == real.draft_forwards
+    assert any(a > 0 for a in run.accepted)
+
+
+def test_replayed_prompt_lookup_tree_takes_the_decoders_steps(greedy):
+    real = speculative.generate(TARGET, PromptLookupTreeCandidates(4, branches=3, nodes=10), PROMPT, 48, stop_ids=[])
+    run = picker.replay(PromptLookupTreeCandidates(4, branches=3, nodes=10), PROMPT, greedy, 48)
+    assert (run.proposed, run.accepted) == steps(real)
+
+
+def test_rank_acceptance_counts_where_the_targets_token_ranks(greedy):
+    forecast = picker.forecast_draft(DRAFT, PROMPT, greedy)
+    calibration = picker.Calibration("p", "code", PROMPT, greedy, 48, 0.5, 0.1, forecast)
+    ranks = picker.rank_acceptance([calibration], ranks=3)
+    assert ranks[0] == pytest.approx(picker.draft_agreement([calibration]))
+    sequence = open_sequence(DRAFT)
+    logits = torch.cat([autoregressive.prefill(sequence, PROMPT)[None], sequence.forward(greedy[:-1])])
+    second = (logits.argsort(-1, descending=True)[:, 1] == torch.tensor(greedy)).float().mean()
+    assert ranks[1] == pytest.approx(float(second)) and sum(ranks) <= 1
+
+
+def test_the_sizing_keeps_a_chain_where_verifying_more_tokens_costs_more(greedy):
+    """Flat T(n): the sized tree branches; T(n) growing as n: it is a chain (or nothing wider than it)."""
+    forecast = picker.forecast_draft(DRAFT, PROMPT, greedy)
+    calibration = [picker.Calibration("p", "code", PROMPT, greedy, 48, 0.5, 0.1, forecast)]
+    flat = picker.Costs(pd.Series({1: 1.0, 32: 1.0}), 0.05)
+    steep = picker.Costs(pd.Series({1: 1.0, 32: 32.0}), 0.05)
+    wide, grid = picker.size_tree(calibration, flat, max_nodes=8, max_depth=6)
+    assert len(wide) == 8 and max(depths([p for p, _ in wide])) < 8 and not grid.chain.all()
+    narrow, _ = picker.size_tree(calibration, steep, max_nodes=8, max_depth=6)
+    assert len(narrow) == max(depths([p for p, _ in narrow]))  # one node a level: a chain

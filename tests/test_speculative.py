@@ -6,9 +6,9 @@ from collections import Counter
 import pytest
 import torch
 
-from specdec_lab.decoders import autoregressive, common, speculative
-from specdec_lab.decoders.candidates import (Candidates, DraftLength, DraftModelCandidates, HybridCandidates,
-                                            PromptLookupCandidates)
+from specdec_lab.decoders import autoregressive, common, speculative, trees
+from specdec_lab.decoders.candidates import (Candidates, DraftLength, DraftModelCandidates, DraftTreeCandidates, HybridCandidates,
+                                            PromptLookupCandidates, PromptLookupTreeCandidates)
 from specdec_lab.decoders.backend import open_sequence
 from specdec_lab.models import check_same_tokenizer
 from specdec_lab.sampling import GREEDY, Sampling, probabilities
@@ -100,8 +100,8 @@ def test_the_target_cache_keeps_the_accepted_prefix_only():
     wrong = (free[3] + 1) % TARGET.config.vocab_size
     candidates = Candidates([free[1], free[2], wrong, free[4]])
     accepted, token = speculative.speculative_step(sequence, tokens, candidates, GREEDY, None)
-    assert (accepted, token) == (2, free[3])
-    assert sequence.length == len(tokens) + accepted
+    assert (accepted, token) == (free[1:3], free[3])
+    assert sequence.length == len(tokens) + len(accepted)
     with torch.inference_mode():
         cached = sequence.forward([token], keep=1)[-1]
         fresh = TARGET(torch.tensor([tokens + free[1:3] + [token]])).logits[0, -1]
@@ -255,6 +255,68 @@ def test_one_speculative_step_samples_every_position_from_the_target(propose):
     assert all(accepted[n] >= TRIALS // 50 for n in range(len(ROWS))), accepted
 
 
+# --- one tree verification step is exact ------------------------------------------------------------
+# A position-only target over a tree: two children of the root drawn without replacement from
+# TREE_DRAFT_ROWS[0], two under each of them from row 1, one under each of those from row 2. Row 1 + i
+# of the target's logits (after node i) is TREE_ROWS[depth of node i]. p exceeds q on two tokens of
+# every row, so after a rejection the residual keeps two tokens and a later sibling's test is a real
+# one (with ROWS and DRAFT_ROWS the residual is one-hot and every later sibling's test is certain).
+TREE_ROWS = torch.tensor([[.4, .3, .2, .1], [.1, .4, .3, .2], [.2, .1, .4, .3], [.3, .2, .1, .4]])
+TREE_DRAFT_ROWS = torch.tensor([[.1, .2, .3, .4], [.4, .1, .2, .3], [.3, .4, .1, .2]])
+TREE_TRIALS = 6000  # a rejected sibling left in q moves a marginal by ~0.04: 3x the noise at this count
+TREE_PARENTS = [-1, -1, 0, 0, 1, 1, 2, 3, 4, 5]
+TREE_DEPTHS = [1, 1, 2, 2, 2, 2, 3, 3, 3, 3]
+
+
+def drafted_tree(rng):
+    """TREE_PARENTS' shape, each node's siblings drawn without replacement from its depth's draft row."""
+    token_ids, rows = [None] * len(TREE_PARENTS), [None] * len(TREE_PARENTS)
+    for parent in (-1, *range(len(TREE_PARENTS))):
+        below = [node for node, above in enumerate(TREE_PARENTS) if above == parent]
+        if below:
+            row = TREE_DRAFT_ROWS[TREE_DEPTHS[below[0]] - 1]
+            for node, token in zip(below, torch.multinomial(row, len(below), replacement=False, generator=rng).tolist()):
+                token_ids[node], rows[node] = token, row
+    return Candidates(token_ids, torch.stack(rows), TREE_PARENTS)
+
+
+def looked_up_tree(rng):  # a deterministic trie, as from prompt-lookup trees: q is one-hot on each node
+    return Candidates([0, 1, 2, 1, 1, 0], None, [-1, -1, 0, 0, 1, 4])
+
+
+def one_tree_step_frequencies(propose, accept=trees.accept_tree_sampled):
+    """Per-position token frequencies over TREE_TRIALS seeded tree steps, and which outcomes happened:
+    ("second", depth) a second sibling accepted, ("none", depth) every child of a node rejected."""
+    rng = torch.Generator().manual_seed(0)
+    counts, outcomes = torch.zeros_like(TREE_ROWS), Counter()
+    for _ in range(TREE_TRIALS):
+        tree = propose(rng)
+        logits = TREE_ROWS[[0, *(d for d in trees.depths(tree.parents))]].log()
+        path, token = accept(logits, tree, Sampling(temperature=1.0), rng)
+        for node in path:
+            siblings = [n for n, above in enumerate(tree.parents) if above == tree.parents[node]]
+            if siblings.index(node) > 0:
+                outcomes["second", trees.depths(tree.parents)[node] - 1] += 1
+        if trees.children(tree.parents)[(path[-1] if path else -1) + 1]:
+            outcomes["none", len(path)] += 1
+        rest = torch.multinomial(TREE_ROWS, 1, generator=rng)[:, 0].tolist()
+        tokens = [tree.token_ids[node] for node in path] + [token] + rest[len(path) + 1:]
+        counts[torch.arange(len(TREE_ROWS)), torch.tensor(tokens)] += 1
+    return counts / TREE_TRIALS, outcomes
+
+
+@pytest.mark.parametrize("propose", [drafted_tree, looked_up_tree])
+def test_one_tree_step_samples_every_position_from_the_target(propose):
+    """Catches, in multi-step speculative sampling over a tree: a residual not updated between
+    siblings, q read at another node than the one tried (its parent's), a rejected sibling left in q
+    (sampled without replacement, it cannot come again), and the bonus token from the wrong node's row."""
+    frequencies, outcomes = one_tree_step_frequencies(propose)
+    worst = max(total_variation(frequencies[j], TREE_ROWS[j]) for j in range(len(TREE_ROWS)))
+    assert worst < 0.03, worst  # a correct step: ~0.01; the bugs above: 0.04 or more
+    # second siblings accepted at the root and below it, and every child of a node rejected below the root
+    assert min(outcomes["second", 0], outcomes["second", 1], outcomes["none", 1]) >= TREE_TRIALS // 50, outcomes
+
+
 # --- sampling is exact in distribution, end to end -------------------------------------------
 
 class _Unmeasured:
@@ -353,6 +415,31 @@ def test_prompt_lookup_sampling_matches_the_target_distribution():
     worst, late_rejections = worst_tv(PromptLookupCandidates(3), prompt, Sampling(temperature=1.0), samples)
     assert worst < tv_limit(samples), worst
     assert late_rejections >= 20, late_rejections
+
+
+@pytest.mark.usefixtures("unmeasured")
+@pytest.mark.parametrize("sampling", [Sampling(temperature=1.0), Sampling(temperature=0.7, top_k=3)])
+def test_draft_tree_sampling_matches_the_target_distribution(sampling):
+    """The draft tree end to end: children drawn without replacement, verified by the tree sampler."""
+    tree = DraftTreeCandidates(SMALL_DRAFT, depth=2, branching=2, beam=2)
+    worst, _ = worst_tv(tree, SMALL_PROMPT, sampling)
+    assert worst < tv_limit(SAMPLES), worst
+
+
+@pytest.mark.usefixtures("unmeasured")
+def test_fixed_shape_draft_tree_sampling_matches_the_target_distribution():
+    """Sequoia's shape under sampling: as many children as the shape gives, drawn without replacement."""
+    tree = DraftTreeCandidates(SMALL_DRAFT, shape=[(-1, 0), (-1, 1), (-1, 2), (0, 0), (1, 0)])
+    worst, _ = worst_tv(tree, SMALL_PROMPT, Sampling(temperature=1.0))
+    assert worst < tv_limit(SAMPLES), worst
+
+
+@pytest.mark.usefixtures("unmeasured")
+def test_prompt_lookup_tree_sampling_matches_the_target_distribution():
+    prompt = [1, 2, 4, 5, 1, 2, 3, 1, 2]  # "1 2" twice before the end: a trie of two branches
+    samples = 600
+    worst, _ = worst_tv(PromptLookupTreeCandidates(3, branches=2), prompt, Sampling(temperature=1.0), samples)
+    assert worst < tv_limit(samples), worst
 
 
 @pytest.mark.usefixtures("unmeasured")

@@ -3,6 +3,8 @@ fails if the statistic is computed another plausible way (named in its docstring
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import pandas as pd
 import pytest
@@ -153,3 +155,50 @@ def test_pairs_of_other_length_are_counted():
                          row("m", "b", 0, 0.5)])
     table = metrics.speedup_table(rows, "ar")
     assert table.pairs["m"] == 2 and table.pairs_of_other_length["m"] == 1
+
+
+# --- Sequoia's dynamic programme over token trees ----------------------------------------------------
+
+def all_trees(nodes: int, depth: int, ranks: int):
+    """Every tree of at most `nodes` nodes and `depth` levels, as sets of rank paths (prefix-closed)."""
+    found, frontier = {frozenset()}, [frozenset()]
+    while frontier:
+        grown = []
+        for tree in frontier:
+            if len(tree) == nodes:
+                continue
+            for parent in [(), *tree]:
+                if len(parent) < depth:
+                    for rank in range(ranks):
+                        child = tree | {parent + (rank,)}
+                        if len(child) > len(tree) and child not in found:
+                            found.add(child)
+                            grown.append(child)
+        frontier = grown
+    return found
+
+
+def value(tree, acceptance):
+    return sum(math.prod(acceptance[r] for r in path) for path in tree)
+
+
+@pytest.mark.parametrize("acceptance", [[0.6, 0.2, 0.1], [0.3, 0.25, 0.2], [0.9, 0.05, 0.01]])
+@pytest.mark.parametrize("nodes, depth", [(1, 1), (3, 2), (5, 3), (6, 2)])
+def test_the_tree_programme_finds_the_best_tree(acceptance, nodes, depth):
+    """Against every tree there is (brute force): the programme's value is the best, and the shape it
+    returns has that value, no more nodes than allowed and no level deeper than allowed."""
+    best = max(value(tree, acceptance) for tree in all_trees(nodes, depth, len(acceptance)))
+    assert cost_model.tree_expected_accepted(acceptance, nodes, depth) == pytest.approx(best)
+    shape = cost_model.tree_shape(acceptance, nodes, depth)
+    assert cost_model.shape_value(acceptance, shape) == pytest.approx(best)
+    assert len(shape) <= nodes and all(parent < node for node, (parent, _) in enumerate(shape))
+    level = []
+    for parent, _ in shape:
+        level.append(1 if parent < 0 else level[parent] + 1)
+    assert max(level) <= depth
+
+
+def test_a_chain_is_leviathans_expectation():
+    """One rank: the tree is a chain of k, and 1 + its expectation is Leviathan's tokens per step."""
+    assert cost_model.tree_shape([0.7], 4, 4) == [(-1, 0), (0, 0), (1, 0), (2, 0)]
+    assert 1 + cost_model.tree_expected_accepted([0.7], 4, 4) == pytest.approx(cost_model.expected_tokens_per_step(0.7, 4))

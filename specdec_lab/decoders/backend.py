@@ -4,12 +4,16 @@
     logits = sequence.forward(ids, keep=1)        # append ids; logits of the last row
     logits = sequence.forward(ids, keep=[0, 4], positions=..., visible=mask)   # custom attention
     sequence.crop(length)                         # roll the cache back to its first `length` tokens
+    sequence.retain(rows)                         # keep only these rows of the last forward (a tree's path)
     sequence.length                               # tokens in the cache
 
 Two engines implement it: transformers (a model and its `DynamicCache`) and llama.cpp (a GGUF file
 on llama.cpp's kernels, `models.llama_cpp`). A decoder written against it runs unchanged on either.
 `keep` is an int (the last k rows; 0 = all) or a list of row indices. `visible` is a boolean
-(queries, length + queries) matrix: query i may attend to key j where it is True.
+(queries, length + queries) matrix: query i may attend to key j where it is True. `retain(rows)`
+keeps the cache from before the last forward plus that forward's `rows` (ascending), which must be a
+causal run: each row at the next position, seeing exactly the rows before it (a token tree's inputs
+and accepted path). The other rows' entries are dropped.
 """
 
 from __future__ import annotations
@@ -31,6 +35,8 @@ class Sequence(Protocol):
                 visible: torch.Tensor | None = None) -> torch.Tensor: ...
 
     def crop(self, length: int) -> None: ...
+
+    def retain(self, rows: Ordered[int]) -> None: ...
 
 
 def engine(model) -> str:
@@ -66,6 +72,7 @@ class TransformersSequence:
     def __init__(self, model):
         self.model = model
         self.cache = DynamicCache(config=model.config)
+        self._forward_start: int | None = None  # the cache's length before the last forward
 
     @property
     def length(self) -> int:
@@ -82,11 +89,26 @@ class TransformersSequence:
             extra["position_ids"] = torch.tensor([list(positions)], device=device)
         if visible is not None:
             extra["attention_mask"] = additive_mask(visible, self.model.dtype, device)
+        self._forward_start = self.length
         output = self.model(input_ids=input_ids, cache=self.cache, use_cache=True, logits_to_keep=keep, **extra)
         return output.logits[0]
 
     def crop(self, length: int) -> None:
         crop_cache(self.cache, length)
+        self._forward_start = None
+
+    def retain(self, rows) -> None:
+        start, rows = self._forward_start, [int(row) for row in rows]
+        if start is None or any(b <= a for a, b in zip(rows, rows[1:])) or (rows and start + rows[-1] >= self.length):
+            raise ValueError(f"retain() keeps ascending rows of the last forward, got {rows} after a forward "
+                             f"from {start} to {self.length}")
+        if rows != list(range(len(rows))):  # a prefix of the forward stays where it is: cropping keeps it
+            kept = torch.tensor([start + row for row in rows], device=self.model.device)
+            for layer in self.cache.layers:  # move the kept entries down into one run after `start`
+                layer.keys[..., start:start + len(rows), :] = layer.keys[..., kept, :]
+                layer.values[..., start:start + len(rows), :] = layer.values[..., kept, :]
+        self.crop(start + len(rows))
+        self._forward_start = None
 
 
 def crop_cache(cache: DynamicCache, length: int) -> None:

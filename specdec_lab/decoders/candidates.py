@@ -3,17 +3,20 @@
 One small interface (after transformers' candidate_generator.py): `reset(vocab_size)` before a
 prompt (the target's output size),
 `propose()` up to k tokens with the distributions they were drawn from, `update()` with how many
-the target accepted. A draft model and prompt lookup plug in behind it.
+the target accepted. A draft model and prompt lookup plug in behind it, as chains or as token trees
+(`DraftTreeCandidates`, `PromptLookupTreeCandidates`; verification in `decoders.trees`).
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
 import torch
 
-from specdec_lab.decoders.backend import open_sequence
+from specdec_lab.decoders.backend import engine, open_sequence
+from specdec_lab.decoders.trees import ancestors, depths, tree_problem
 from specdec_lab.cost_model import predicted_speedup
 from specdec_lab.method import SCHEDULES, HybridSettings
 from specdec_lab.sampling import Sampling, probabilities, sample
@@ -25,6 +28,10 @@ class Candidates:
     # (len(token_ids), vocab) distributions the tokens were sampled from; None means the proposal
     # is deterministic (q is one-hot on each proposed token), as for prompt lookup.
     probs: torch.Tensor | None = None
+    # a token tree: the node each token hangs under (-1: the sequence's last token), parents first.
+    # None: a chain, token i under token i - 1. In a tree, `probs` row i is the distribution node i
+    # was drawn from (its parent's), before its earlier siblings were taken out of it.
+    parents: list[int] | None = None
 
 
 class CandidateGenerator(Protocol):
@@ -206,6 +213,225 @@ def longest_match(tokens: list[int], min_length: int = 1, max_length: int = 64) 
     if best_length < min_length:
         return None, 0
     return best_end + 1, best_length
+
+
+class DraftTreeCandidates:
+    """The draft model grows a token tree (EAGLE-2's dynamic tree, Li et al. 2024), one batched draft
+    forward per level:
+
+    - every node of the newest level gets its draft's `branching` most likely children (under
+      sampling: `branching` children drawn without replacement from the draft's distribution);
+    - the `beam` new nodes of highest cumulative draft probability (the product along their path)
+      are fed to the draft together, with a tree mask, and grow the next level;
+    - after `depth` levels, greedy decoding keeps the `nodes` nodes of highest cumulative probability
+      (a parent's is at least its child's, so the kept nodes still form a tree). Under sampling every
+      drawn node stays: dropping a node because of the token it drew would bias the verification.
+
+    With a `shape` ((parent, rank) per node, parents first: Sequoia's tree from `cost_model.tree_shape`)
+    the tree is that one instead: each node is its parent's rank-th most likely draft token (under
+    sampling: as many children as the shape gives, drawn without replacement), and a level's nodes that
+    have children are fed together. Its expected acceptance is then what the picker predicts.
+
+    The draft's cache holds the sequence's real tokens between steps, as for a chain; the tree's nodes
+    leave it after every proposal. On llama.cpp, where a masked forward's cells cannot stay for the next
+    one, each level's forward also re-feeds the nodes above it.
+    """
+
+    def __init__(self, model, depth: int = 5, branching: int = 3, beam: int = 4, nodes: int = 16,
+                 shape: Sequence[tuple[int, int]] | None = None):
+        for name, value in (("depth", depth), ("branching", branching), ("beam", beam), ("nodes", nodes)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"a draft tree's {name} must be an integer >= 1, got {value!r} "
+                                 "(e.g. depth=5, branching=3, beam=4, nodes=16)")
+        if shape is not None:
+            shape = [(int(parent), int(rank)) for parent, rank in shape]
+            problem = tree_problem([rank for _, rank in shape], [parent for parent, _ in shape])  # siblings: distinct ranks
+            if problem or not shape or any(rank < 0 for _, rank in shape):
+                raise ValueError(f"a draft tree's shape is (parent, rank >= 0) per node, parents first, siblings of "
+                                 f"distinct ranks: {problem or shape!r}")
+            depth = max(depths([parent for parent, _ in shape]))
+        self.model, self.depth, self.branching, self.beam, self.nodes = model, depth, branching, beam, nodes
+        self.shape = shape
+        self.reset(vocab_size=None)
+
+    def reset(self, vocab_size: int | None) -> None:
+        self.vocab_size = vocab_size  # the draft's logits are cut to the target's head, as for a chain
+        self.sequence = open_sequence(self.model)
+        self.cached_length = 0
+        self.forwards = 0
+
+    def propose(self, tokens, max_candidates, sampling, rng) -> Candidates:
+        depth = min(self.depth, max_candidates)
+        if depth < 1:
+            return Candidates([])
+        root_logits = self.sequence.forward(tokens[self.cached_length:], keep=1)[-1, : self.vocab_size]
+        self.forwards += 1
+        self.cached_length = base = len(tokens)
+        if self.shape is not None:
+            return self._fill(root_logits, base, depth, sampling, rng)
+        token_ids, parents, scores, rows = [], [], [], []
+        frontier, in_cache = [(-1, root_logits)], []
+        for level in range(depth):
+            newest = []
+            for parent, logits in frontier:
+                q = logits.float().softmax(-1) if sampling.greedy else probabilities(logits, sampling)
+                width = min(self.branching, int((q > 0).sum()))
+                chosen = (q.topk(width).indices if sampling.greedy
+                          else torch.multinomial(q, width, replacement=False, generator=rng))
+                for token in chosen.tolist():
+                    token_ids.append(token)
+                    parents.append(parent)
+                    scores.append((scores[parent] if parent >= 0 else 0.0) + float(q[token].clamp_min(1e-30).log()))
+                    if not sampling.greedy:
+                        rows.append(q)
+                    newest.append(len(token_ids) - 1)
+            if level == depth - 1:
+                break
+            grow = sorted(sorted(newest, key=lambda node: -scores[node])[:self.beam])
+            frontier, in_cache = self._grow(grow, token_ids, parents, base, in_cache)
+        self.sequence.crop(base)  # the nodes were guesses: the cache keeps the real tokens only
+        if sampling.greedy:
+            return self._best(token_ids, parents, scores)
+        return Candidates(token_ids, torch.stack(rows), parents)
+
+    def _fill(self, root_logits, base, depth, sampling, rng) -> Candidates:
+        """The fixed shape's nodes down to `depth`, filled in level by level (shape order = node order)."""
+        node_depths = depths([parent for parent, _ in self.shape])
+        shape = [(parent, rank) for (parent, rank), d in zip(self.shape, node_depths) if d <= depth]
+        parents = [parent for parent, _ in shape]
+        token_ids, rows = [None] * len(shape), [None] * len(shape)
+        logits_of, in_cache = {-1: root_logits}, []
+        for level in range(1, depth + 1):
+            for parent in sorted({parents[node] for node in range(len(shape)) if node_depths[node] == level}):
+                if parent not in logits_of:
+                    continue  # a node the filter left without a token: its subtree stays empty
+                below = [node for node in range(len(shape)) if parents[node] == parent]
+                logits = logits_of[parent]
+                if sampling.greedy:  # the ranks the shape asks for, from the draft's logits
+                    ranked = logits.topk(min(max(shape[node][1] for node in below) + 1, logits.shape[-1])).indices.tolist()
+                    chosen, q = [ranked[min(shape[node][1], len(ranked) - 1)] for node in below], None
+                else:
+                    q = probabilities(logits, sampling)
+                    chosen = torch.multinomial(q, min(len(below), int((q > 0).sum())), replacement=False,
+                                               generator=rng).tolist()
+                for node, token in zip(below, chosen):
+                    token_ids[node], rows[node] = token, q
+            grow = [node for node in range(len(shape))
+                    if node_depths[node] == level and node in set(parents) and token_ids[node] is not None]
+            if grow:
+                frontier, in_cache = self._grow(grow, token_ids, parents, base, in_cache)
+                logits_of.update(frontier)
+        self.sequence.crop(base)
+        kept = [node for node in range(len(shape)) if token_ids[node] is not None]  # a narrow top-k/top-p
+        if len(kept) < len(shape):  # filter left fewer tokens than children: the rest (and their subtrees) go
+            kept = [node for node in kept if all(token_ids[a] is not None for a in ancestors(parents, node))]
+            number = {node: index for index, node in enumerate(kept)}
+            return Candidates([token_ids[n] for n in kept], None if sampling.greedy else torch.stack([rows[n] for n in kept]),
+                              [number[parents[n]] if parents[n] >= 0 else -1 for n in kept])
+        return Candidates(token_ids, None if sampling.greedy else torch.stack(rows), parents)
+
+    def _grow(self, grow, token_ids, parents, base, in_cache):
+        """One draft forward over the nodes `grow` (and, where the cache cannot hold them, their
+        ancestors): each sees the real tokens and its own ancestors. Returns the next frontier
+        [(node, logits after it)] and the nodes now in the draft's cache, in cache order."""
+        if engine(self.model) == "llama.cpp":  # a masked forward's cells cannot stay: start from the real tokens
+            self.sequence.crop(base)
+            in_cache = []
+        feed = sorted({a for node in grow for a in ancestors(parents, node)} - set(in_cache))
+        order = in_cache + feed  # cache entries after `base`, then this forward's queries
+        column = {node: base + index for index, node in enumerate(order)}
+        visible = torch.zeros(len(feed), base + len(order), dtype=torch.bool)
+        visible[:, :base] = True
+        for query, node in enumerate(feed):
+            visible[query, [column[a] for a in ancestors(parents, node)]] = True
+        node_depths = depths(parents)
+        logits = self.sequence.forward([token_ids[node] for node in feed], keep=[feed.index(node) for node in grow],
+                                       positions=[base - 1 + node_depths[node] for node in feed], visible=visible)
+        self.forwards += 1
+        return list(zip(grow, logits[:, : self.vocab_size])), order
+
+    def _best(self, token_ids, parents, scores) -> Candidates:
+        """The `nodes` nodes of highest cumulative probability, renumbered in their order."""
+        kept = sorted(sorted(range(len(token_ids)), key=lambda node: (-scores[node], node))[:self.nodes])
+        number = {node: index for index, node in enumerate(kept)}
+        return Candidates([token_ids[node] for node in kept], None,
+                          [number[parents[node]] if parents[node] >= 0 else -1 for node in kept])
+
+    def update(self, tokens, num_accepted, num_proposed) -> None:
+        self.cached_length = min(self.cached_length, len(tokens) - 1)
+        self.sequence.crop(self.cached_length)
+
+
+def longest_matches(tokens: list[int], min_length: int = 1, count: int = 4, depth: int = 10,
+                    max_length: int = 64) -> list[tuple[int, int]]:
+    """Up to `count` (where the continuation starts, match length) of earlier positions whose tokens,
+    read backwards, match the sequence's end, the longest matches first (ties: the earliest, as
+    `longest_match`), one per distinct continuation of `depth` tokens."""
+    last = len(tokens) - 1
+    found = []
+    for end in range(last):
+        length = 0
+        while length <= end and length < max_length and tokens[end - length] == tokens[last - length]:
+            length += 1
+        if length >= min_length:
+            found.append((end + 1, length))
+    found.sort(key=lambda match: (-match[1], match[0]))
+    chosen, continuations = [], set()
+    for start, length in found:
+        continuation = tuple(tokens[start:start + depth])
+        if continuation and continuation not in continuations:
+            chosen.append((start, length))
+            continuations.add(continuation)
+            if len(chosen) == count:
+                break
+    return chosen
+
+
+class PromptLookupTreeCandidates(PromptLookupCandidates):
+    """Prompt lookup with several earlier matches at once: the continuations of the `branches`
+    longest matches (one per distinct continuation) merged into a trie of at most `nodes` tokens, so
+    the target checks every one of them in the same forward. No model is needed. The length of each
+    continuation adapts, and a kind of match whose proposals keep being rejected proposes nothing, as
+    for the chain (`PromptLookupCandidates`, match="longest", whose proposal is the first branch)."""
+
+    def __init__(self, k: int = 10, branches: int = 4, nodes: int = 32, min_ngram: int = 1,
+                 min_accepted_per_step: float = 0.25, min_tries: int = 4):
+        for name, value in (("branches", branches), ("nodes", nodes)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"a prompt-lookup tree's {name} must be an integer >= 1, got {value!r}")
+        super().__init__(k, max_ngram=min_ngram, min_ngram=min_ngram, match="longest",
+                         min_accepted_per_step=min_accepted_per_step, min_tries=min_tries)
+        self.branches, self.nodes = branches, nodes
+
+    def propose(self, tokens, max_candidates, sampling, rng) -> Candidates:
+        self.kind = None
+        depth = min(2 * self.k, max_candidates)
+        matches = longest_matches(tokens, self.min_ngram, self.branches, depth) if depth >= 1 else []
+        if not matches:
+            return Candidates([])
+        kind = min(matches[0][1], self.MATCH_KINDS) - 1
+        if (self.steps[kind] >= self.min_tries
+                and self.accepted[kind] < self.min_accepted_per_step * self.steps[kind]):
+            return Candidates([])
+        self.kind = kind
+        depth = min(self.lengths[kind].k, depth)
+        token_ids, parents, node_of = [], [], {}
+        for start, _ in matches:
+            parent = -1
+            for token in tokens[start:start + depth]:
+                if (parent, token) not in node_of:
+                    if len(token_ids) == self.nodes:
+                        break
+                    node_of[parent, token] = len(token_ids)
+                    token_ids.append(token)
+                    parents.append(parent)
+                parent = node_of[parent, token]
+        self.proposed_depth = max(depths(parents), default=0)
+        return Candidates(token_ids, None, parents)
+
+    def update(self, tokens, num_accepted, num_proposed) -> None:
+        # a continuation accepted to its end grows the next one, as for a chain: judged on the tree's depth
+        super().update(tokens, num_accepted, self.proposed_depth if num_proposed else 0)
 
 
 class HybridCandidates:

@@ -5,6 +5,9 @@ Greedy: a draft token is accepted while it equals the target's argmax.
 Sampling: accept draft token x with probability min(1, p(x)/q(x)); on the first rejection sample
 from norm(max(0, p - q)); if all k are accepted, sample a bonus token from p. The output then
 follows the target's distribution exactly, whatever the draft.
+
+Candidates with parents form a token tree (`decoders.trees`): the same step verifies every branch in
+one forward and keeps the accepted path. A chain goes through the plain causal forward.
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ import torch
 from specdec_lab.decoders.candidates import CandidateGenerator, Candidates
 from specdec_lab.decoders.backend import Sequence, open_sequence, vocab_size
 from specdec_lab.decoders.common import DecodingRun, cut_at_stop
+from specdec_lab.decoders.trees import is_chain, verify_tree
 from specdec_lab.result import GenerationResult
 from specdec_lab.sampling import GREEDY, Sampling, next_token, probabilities, sample
 
@@ -63,10 +67,14 @@ def accept_sampled(
 
 def speculative_step(
     target: Sequence, tokens: list[int], candidates: Candidates, sampling: Sampling, rng
-) -> tuple[int, int]:
+) -> tuple[list[int], int]:
     """Verify `candidates` after `tokens` in one target forward over what the cache does not hold
     yet (the whole prompt on the first step, then the last token) plus the candidates; roll the
-    target cache back to the accepted prefix. On exit the cache holds every token but the last."""
+    target cache back to the accepted prefix. Returns (accepted candidate tokens, the target's next
+    token). On exit the cache holds every token but the last."""
+    if not is_chain(candidates):
+        path, token = verify_tree(target, tokens, candidates, sampling, rng)
+        return [candidates.token_ids[node] for node in path], token
     block = [*tokens[target.length:], *candidates.token_ids]
     logits = target.forward(block, keep=len(candidates.token_ids) + 1)
     if sampling.greedy:
@@ -74,7 +82,7 @@ def speculative_step(
     else:
         accepted, token = accept_sampled(logits, candidates, sampling, rng)
     target.crop(len(tokens) + accepted)
-    return accepted, token
+    return candidates.token_ids[:accepted], token
 
 
 @torch.inference_mode()
@@ -86,8 +94,9 @@ def generate(
     sampling: Sampling = GREEDY,
     stop_ids: Iterable[int] | None = None,
 ) -> GenerationResult:
-    """Speculative decoding of one prompt with any candidate generator (draft model, prompt lookup).
-    The first step proposes from the prompt and verifies with the prefill, in one forward."""
+    """Speculative decoding of one prompt with any candidate generator (draft model, prompt lookup,
+    chains or trees). The first step proposes from the prompt and verifies with the prefill, in one
+    forward. A tree's `proposed_per_step` counts its nodes, `accepted_per_step` its accepted path."""
     run = DecodingRun(target, prompt_ids, max_new_tokens, stop_ids)
     rng = None if sampling.greedy else sampling.generator(run.device)
     target_sequence = open_sequence(target)
@@ -100,8 +109,9 @@ def generate(
             # at most (left - 1) candidates, so candidates + the target's own token still fit
             left = max_new_tokens - len(generated)
             candidates = candidate_generator.propose(tokens, left - 1, sampling, rng)
-            accepted, token = speculative_step(target_sequence, tokens, candidates, sampling, rng)
-            new_tokens, stopped = cut_at_stop(candidates.token_ids[:accepted] + [token], run.stop_ids)
+            accepted_tokens, token = speculative_step(target_sequence, tokens, candidates, sampling, rng)
+            accepted = len(accepted_tokens)
+            new_tokens, stopped = cut_at_stop(accepted_tokens + [token], run.stop_ids)
             if not generated:
                 run.first_token_done()  # the same event as transformers' assisted generation
             tokens += new_tokens

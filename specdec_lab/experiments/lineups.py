@@ -8,14 +8,17 @@ for every call, so nothing carries over from one prompt to the next.
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Callable, Sequence
 
 from specdec_lab.decoders import (autoregressive, draft_then_score, hf_peers, jacobi, llama_cpp_peer, lookahead,
                                   speculative)
 from specdec_lab.decoders.backend import engine as engine_of, stop_token_ids
-from specdec_lab.decoders.candidates import (CandidateGenerator, DraftModelCandidates, HybridCandidates,
-                                            PromptLookupCandidates)
-from specdec_lab.method import SCHEDULES, CandidateSource, HybridSettings, LookaheadConfig, Method, Weights
+from specdec_lab.decoders.candidates import (CandidateGenerator, DraftModelCandidates, DraftTreeCandidates,
+                                            HybridCandidates, PromptLookupCandidates, PromptLookupTreeCandidates)
+from specdec_lab.decoders.trees import depths
+from specdec_lab.method import (SCHEDULES, CandidateSource, HybridSettings, LookaheadConfig, Method, TreeSettings,
+                                Weights, shape_label)
 from specdec_lab.models import LoadedModel, check_same_tokenizer, quantize
 from specdec_lab.sampling import GREEDY, Sampling
 
@@ -114,6 +117,50 @@ def prompt_lookup(target: LoadedModel, k: int, max_new_tokens: int, sampling: Sa
     return with_candidates(target, lambda: PromptLookupCandidates(k, max_ngram=PROMPT_LOOKUP_NGRAM, match=match),
                            max_new_tokens, sampling, name or f"prompt lookup {label} (ours)",
                            prompt_lookup_source(k, match), lossless, weights)
+
+
+def draft_tree(target: LoadedModel, draft: LoadedModel, depth: int, tree: TreeSettings, max_new_tokens: int,
+               sampling: Sampling = GREEDY) -> Method:
+    """Our draft-model token tree (EAGLE-2's dynamic expansion, `DraftTreeCandidates`)."""
+    if tree.beam is None:
+        raise ValueError(f"a draft tree grows `beam` nodes a level: give beam in {tree}")
+    return with_candidates(
+        target, lambda: DraftTreeCandidates(draft.model, depth, tree.branching, tree.beam, tree.nodes),
+        max_new_tokens, sampling, f"draft {tree.label()}, depth {depth} (ours)",
+        CandidateSource("draft model", k=depth, tree=tree))
+
+
+def sized_draft_tree(target: LoadedModel, draft: LoadedModel, shape: Sequence[tuple[int, int]], max_new_tokens: int,
+                     sampling: Sampling = GREEDY) -> Method:
+    """Our draft model filling a fixed tree: Sequoia's, which the picker sized from this machine's T(n)
+    and the draft's per-rank acceptance (`picker.size_tree`)."""
+    return with_candidates(
+        target, lambda: DraftTreeCandidates(draft.model, shape=shape), max_new_tokens, sampling,
+        f"draft tree, {len(shape)} nodes, depth {tree_depth(shape)}, sized by the picker (ours)",
+        sized_tree_source(shape))
+
+
+def sized_tree_source(shape: Sequence[tuple[int, int]]) -> CandidateSource:
+    widest = max(Counter(parent for parent, _ in shape).values())
+    return CandidateSource("draft model", k=tree_depth(shape),
+                           tree=TreeSettings(len(shape), widest, shape=shape_label(shape)))
+
+
+def tree_depth(shape: Sequence[tuple[int, int]]) -> int:
+    return max(depths([parent for parent, _ in shape]))
+
+
+def prompt_lookup_tree(target: LoadedModel, k: int, tree: TreeSettings, max_new_tokens: int,
+                       sampling: Sampling = GREEDY) -> Method:
+    """Our prompt lookup merging several matches into a trie (`PromptLookupTreeCandidates`): its
+    branches adapt their length as the chain's do."""
+    return with_candidates(
+        target, lambda: PromptLookupTreeCandidates(k, tree.branching, tree.nodes), max_new_tokens, sampling,
+        f"prompt lookup {tree.label()}, k={k} adaptive (ours)", prompt_lookup_tree_source(k, tree))
+
+
+def prompt_lookup_tree_source(k: int, tree: TreeSettings) -> CandidateSource:
+    return CandidateSource("prompt lookup", k=k, match="longest", schedule="heuristic", tree=tree)
 
 
 def hybrid(target: LoadedModel, draft: LoadedModel, k: int, prompt_lookup_k: int, max_new_tokens: int,
@@ -219,13 +266,16 @@ def speculative_methods(target: LoadedModel, draft: LoadedModel, k: int, max_new
                         universal_draft: LoadedModel | None = None, lossy: bool = True,
                         transformers_defaults: bool = True, adaptive_threshold: float = 0.4,
                         schedules: Sequence[str] = SCHEDULES, hybrid_cost_ratio: float | None = None,
-                        hybrid_settings: HybridSettings | None = None) -> list[Method]:
+                        hybrid_settings: HybridSettings | None = None,
+                        tree_shape: Sequence[tuple[int, int]] | None = None,
+                        lookup_tree: TreeSettings | None = None) -> list[Method]:
     """AR baseline; our speculative decoder and transformers' assisted generation configured alike,
     for each of `schedules` (k constant; the heuristic schedule from the same k with the same
     confidence stop); prompt lookup, each named by its own n-gram rule; optionally transformers'
     assisted generation with its own defaults, the blog's draft-then-score (`lossy`), universal
-    assisted generation with a draft of another tokenizer, and (given the draft's cost ratio) our
-    hybrid candidate source."""
+    assisted generation with a draft of another tokenizer, (given the draft's cost ratio) our
+    hybrid candidate source, and token trees: the draft filling `tree_shape` (the picker's) and
+    prompt lookup merging matches into `lookup_tree`."""
     unknown = [schedule for schedule in schedules if schedule not in SCHEDULES]
     if unknown or not schedules:
         raise ValueError(f"schedules must be a non-empty list of {list(SCHEDULES)}, got {list(schedules)}")
@@ -255,6 +305,10 @@ def speculative_methods(target: LoadedModel, draft: LoadedModel, k: int, max_new
              prompt_lookup_source(prompt_lookup_k, implementation="transformers"),
              prompt_lookup_num_tokens=prompt_lookup_k),
     ]
+    if tree_shape:
+        methods.append(sized_draft_tree(target, draft, tree_shape, max_new_tokens, sampling))
+    if lookup_tree is not None:
+        methods.append(prompt_lookup_tree(target, prompt_lookup_k, lookup_tree, max_new_tokens, sampling))
     if transformers_defaults:
         methods.append(peer("assisted k=20 constant, stop below p=0.4 (transformers defaults)",
                             draft_source(20, "constant", 0.4, "transformers"),

@@ -24,7 +24,7 @@ predicted speedup is AR's predicted time over the method's, per prompt, then a g
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 
 import pandas as pd
 import torch
@@ -34,11 +34,12 @@ from tqdm.auto import tqdm
 from specdec_lab import cost_model, data, hardware, metrics
 from specdec_lab.decoders import autoregressive
 from specdec_lab.decoders.candidates import (Candidates, DraftLength, HybridCandidates, PromptLookupCandidates,
-                                            match_continuation)
+                                            PromptLookupTreeCandidates, match_continuation)
+from specdec_lab.decoders.trees import children, depths, parents_of
 from specdec_lab.decoders.backend import open_sequence, vocab_size as output_rows
 from specdec_lab.decoders.common import clock
 from specdec_lab.experiments import lineups
-from specdec_lab.method import CandidateSource, HybridSettings, source_columns
+from specdec_lab.method import CandidateSource, HybridSettings, TreeSettings, source_columns
 from specdec_lab.sampling import GREEDY
 
 
@@ -53,6 +54,8 @@ class DraftForecast:
     argmax: list[int]
     top_probability: list[float]
     prefill_s: float  # the draft's prefill of the prompt, timed
+    following: list[int] = field(default_factory=list)  # y itself: following[i] is the token entry i predicts
+    rank: list[int] = field(default_factory=list)  # rank[i]: following[i]'s rank in the draft's entry i (0: argmax)
 
     def at(self, position: int) -> tuple[int, float]:
         """(argmax, top probability) after the sequence's first `position` + 1 tokens."""
@@ -71,8 +74,10 @@ def forecast_draft(draft_model, prompt_ids: list[int], continuation: list[int],
     first = sequence.forward(prompt_ids, keep=1)
     prefill_s = clock(device) - start
     logits = torch.cat([first, sequence.forward(continuation)])[:, :vocab_size].float()
+    following = torch.tensor(continuation, dtype=torch.long)
+    rank = (logits[:len(continuation)] > logits[torch.arange(len(continuation)), following][:, None]).sum(-1)
     return DraftForecast(len(prompt_ids) - 1, logits.argmax(-1).tolist(), logits.softmax(-1).amax(-1).tolist(),
-                         prefill_s)
+                         prefill_s, list(continuation), rank.tolist())
 
 
 class TeacherForcedDraft:
@@ -106,6 +111,45 @@ class TeacherForcedDraft:
         self.length.update(num_accepted, num_proposed)
 
 
+class TeacherForcedTree:
+    """A draft tree of fixed shape ((parent, rank) per node, `cost_model.tree_shape`) replayed from
+    the forecast. Along the accepted path the draft sees y's prefix, so the node of rank r under an
+    accepted node holds y's next token exactly when y's token is the draft's rank-r choice there:
+    that is what the forecast's ranks say. Every other node holds a token the replay never accepts.
+    `widths` records the tokens each draft forward takes (the root's forward, then one per level)."""
+
+    def __init__(self, forecast: DraftForecast, shape: Sequence[tuple[int, int]]):
+        self.forecast, self.shape = forecast, list(shape)
+        self.node_depths = depths([parent for parent, _ in self.shape])
+        self.reset()
+
+    def reset(self, vocab_size: int | None = None) -> None:
+        self.forwards, self.widths = 0, []
+
+    def propose(self, tokens, max_candidates, sampling, rng) -> Candidates:
+        kept = [node for node, depth in enumerate(self.node_depths) if depth <= max_candidates]
+        if not kept:
+            return Candidates([])
+        position = len(tokens) - 1  # the forecast entry after the sequence's last token
+        on_path, token_ids = {-1}, []
+        for node in kept:
+            parent, rank = self.shape[node]
+            entry = position - self.forecast.offset + self.node_depths[node] - 1
+            hit = (parent in on_path and entry < len(self.forecast.rank) and self.forecast.rank[entry] == rank)
+            if hit:
+                on_path.add(node)
+            token_ids.append(self.forecast.following[entry] if hit else -1 - node)  # -1 - node: never accepted
+        levels = max(self.node_depths[node] for node in kept)
+        grown = [sum(1 for node in kept if self.node_depths[node] == level and node in {p for p, _ in self.shape})
+                 for level in range(1, levels)]
+        self.widths += [1, *(width for width in grown if width)]
+        self.forwards += 1 + sum(1 for width in grown if width)
+        return Candidates(token_ids, None, [self.shape[node][0] for node in kept])
+
+    def update(self, tokens, num_accepted, num_proposed) -> None:
+        pass
+
+
 # --- transformers' prompt lookup, for the peer's prediction ---------------------------------------
 
 class FirstMatchLookup:
@@ -132,6 +176,7 @@ class Replay:
     proposed: list[int]  # per step, as `GenerationResult.proposed_per_step`
     accepted: list[int]  # per step, as `GenerationResult.accepted_per_step`
     draft_forwards: int
+    draft_widths: list[int] | None = None  # tokens in each draft forward, where a source says (a tree's levels)
 
     @property
     def verified(self) -> list[int]:
@@ -151,18 +196,29 @@ def replay(source, prompt_ids: list[int], continuation: list[int], max_new_token
     tokens, done, proposed_per_step, accepted_per_step = list(prompt_ids), 0, [], []
     while done < len(continuation):
         left = budget - done
-        proposed = source.propose(tokens, left - 1, GREEDY, None).token_ids
-        accepted = 0  # (a proposal may run past the stop token that ended the text: the text ends there)
-        while (accepted < len(proposed) and done + accepted < len(continuation)
-               and proposed[accepted] == continuation[done + accepted]):
-            accepted += 1
+        candidates = source.propose(tokens, left - 1, GREEDY, None)
+        # (a proposal may run past the stop token that ended the text: the text ends there)
+        accepted = accepted_along(candidates, continuation[done:])
         new = continuation[done:done + accepted + 1]
         tokens += new
         done += len(new)
-        source.update(tokens, accepted, len(proposed))
-        proposed_per_step.append(len(proposed))
+        source.update(tokens, accepted, len(candidates.token_ids))
+        proposed_per_step.append(len(candidates.token_ids))
         accepted_per_step.append(accepted)
-    return Replay(proposed_per_step, accepted_per_step, source.forwards)
+    return Replay(proposed_per_step, accepted_per_step, source.forwards, getattr(source, "widths", None))
+
+
+def accepted_along(candidates: Candidates, text: list[int]) -> int:
+    """How many candidates greedy verification accepts when the target's text is `text`: the
+    longest prefix of a chain, the longest root path of a tree, that spells its start."""
+    below = children(parents_of(candidates))
+    accepted, node = 0, -1
+    while accepted < len(text):
+        node = next((child for child in below[node + 1] if candidates.token_ids[child] == text[accepted]), None)
+        if node is None:
+            break
+        accepted += 1
+    return accepted
 
 
 # --- costs and the prediction ------------------------------------------------------------------------
@@ -173,6 +229,12 @@ class Costs:
 
     relative_target: pd.Series  # T(n) / T(1) of the target, indexed by n
     draft_cost_ratio: float  # c = draft T(1) / target T(1)
+    relative_draft: pd.Series | None = None  # T(n) / T(1) of the draft (a tree level feeds several tokens)
+
+    def draft_forward(self, n: int) -> float:
+        """A draft forward over n tokens, in target AR steps: c T_draft(n) / T_draft(1)."""
+        relative = 1.0 if self.relative_draft is None or n <= 1 else cost_model.cost_at(self.relative_draft, n)
+        return self.draft_cost_ratio * relative
 
     def verify(self, n: int) -> float:
         """T(n) / T(1), linear between measured n (flat beyond the last: an underestimate there)."""
@@ -186,7 +248,8 @@ def predicted_time(run: Replay, prefill_s: float, step_s: float, draft_prefill_s
     target = sum(costs.verify(n) for n in run.verified) * step_s
     if not run.uses_draft:
         return prefill_s + target
-    return prefill_s + target + draft_prefill_s + (run.draft_forwards - 1) * costs.draft_cost_ratio * step_s
+    widths = run.draft_widths or [1] * run.draft_forwards
+    return prefill_s + target + draft_prefill_s + sum(costs.draft_forward(n) for n in widths[1:]) * step_s
 
 
 @dataclass(frozen=True)
@@ -230,6 +293,61 @@ def choose_hybrid(calibrations, costs: "Costs", k: int, prompt_lookup_k: int, co
     grid = pd.DataFrame(records)
     best = grid.loc[grid.overall.idxmax()]
     return HybridSettings(float(best.prior_acceptance), bool(best.extend_lookups)), grid
+
+
+def rank_acceptance(calibrations: Sequence[Calibration], ranks: int = 4) -> list[float]:
+    """P(the target's greedy token is the draft's (r+1)-th ranked token), r < `ranks`, teacher-forced
+    and pooled over the calibration prompts: rank 0 is the draft agreement."""
+    found = [rank for cal in calibrations for rank in cal.forecast.rank]
+    return [sum(rank == r for rank in found) / len(found) if found else 0.0 for r in range(ranks)]
+
+
+def grown_widths(shape: Sequence[tuple[int, int]]) -> list[int]:
+    """Per level but the last: how many of its nodes have children (one draft forward feeds them)."""
+    parents = [parent for parent, _ in shape]
+    node_depths, grown = depths(parents), set(parents)
+    return [sum(1 for node, d in enumerate(node_depths) if d == level and node in grown)
+            for level in range(1, max(node_depths))]
+
+
+def size_tree(calibrations: Sequence[Calibration], costs: Costs, max_nodes: int, max_depth: int
+              ) -> tuple[list[tuple[int, int]], pd.DataFrame]:
+    """Sequoia's sizing on this machine: for each node budget n <= `max_nodes` and depth <= `max_depth`,
+    the tree with the most expected accepted tokens under the draft's per-rank acceptance
+    (`cost_model.tree_shape`), priced at one target forward over n + 1 tokens (T(n) / T(1)) and one
+    draft forward per level. Returns the shape predicted fastest (steady state, a chain among the
+    candidates: n = depth) and the whole grid."""
+    acceptance = rank_acceptance(calibrations)
+    records, shapes = [], {}
+    for nodes in range(1, max_nodes + 1):
+        for depth in range(1, min(nodes, max_depth) + 1):
+            shape = cost_model.tree_shape(acceptance, nodes, depth)
+            step_cost = (costs.verify(len(shape) + 1) + costs.draft_forward(1)
+                         + sum(costs.draft_forward(width) for width in grown_widths(shape)))
+            expected = cost_model.shape_value(acceptance, shape)
+            shapes[nodes, depth] = shape
+            records.append({"nodes": nodes, "depth": depth, "expected_accepted": expected,
+                            "step_cost": step_cost, "predicted_speedup": (1 + expected) / step_cost,
+                            "chain": len(shape) == max(depths([p for p, _ in shape]))})
+    grid = pd.DataFrame(records)
+    best = grid.loc[grid.predicted_speedup.idxmax()]
+    return shapes[int(best.nodes), int(best.depth)], grid
+
+
+def tree_candidates(tree_shape: Sequence[tuple[int, int]] | None, prompt_lookup_k: int,
+                    lookup_tree: TreeSettings | None) -> list[Candidate]:
+    """The token-tree sources the line-up runs: the picker's sized draft tree, replayed exactly
+    (`TeacherForcedTree`), and the prompt-lookup tree, replayed as it runs."""
+    listed = []
+    if tree_shape:
+        listed.append(Candidate(f"draft tree ({len(tree_shape)} nodes)", lineups.sized_tree_source(tree_shape),
+                                lambda f: TeacherForcedTree(f, tree_shape)))
+    if lookup_tree is not None:
+        listed.append(Candidate(f"prompt lookup tree ({lookup_tree.nodes} nodes)",
+                                lineups.prompt_lookup_tree_source(prompt_lookup_k, lookup_tree),
+                                lambda f: PromptLookupTreeCandidates(prompt_lookup_k, lookup_tree.branching,
+                                                                     lookup_tree.nodes)))
+    return listed
 
 
 def candidates(k_values: Sequence[int], k: int, prompt_lookup_k: int, cost_ratio: float,
@@ -296,12 +414,19 @@ def calibrations_from_rows(ar_rows: pd.DataFrame, prompts: dict, tokenizer, draf
             for row in tqdm(list(ar_rows.itertuples()), desc="picker: same-prompt check")]
 
 
-def measure_costs(target, draft_cost_ratio: float, max_n: int, repeats: int = 5) -> Costs:
+def measure_costs(target, draft_cost_ratio: float, max_n: int, repeats: int = 5, draft=None,
+                  max_draft_n: int = 0) -> Costs:
     """T(n) / T(1) of the target for n up to `max_n` (the longest verification a source can ask),
-    from the nondecreasing fit of the medians (`hardware.forward_cost_curve`)."""
+    from the nondecreasing fit of the medians (`hardware.forward_cost_curve`); with a `draft`, its
+    own T(n) / T(1) up to `max_draft_n` (a tree level's forward)."""
     n_values = sorted({1, 2, 3, 4, 5, 6, 8, 11, 16, 21, 32, max_n} & set(range(1, max_n + 1)))
     curve = hardware.forward_cost_curve(target, n_values, prefix_tokens=100, repeats=repeats)
-    return Costs(curve.set_index("n").relative_to_one, draft_cost_ratio)
+    relative_draft = None
+    if draft is not None and max_draft_n > 1:
+        draft_n = sorted({1, 2, 3, 4, 6, 8, 12, 16, max_draft_n} & set(range(1, max_draft_n + 1)))
+        relative_draft = hardware.forward_cost_curve(draft, draft_n, prefix_tokens=100,
+                                                     repeats=repeats).set_index("n").relative_to_one
+    return Costs(curve.set_index("n").relative_to_one, draft_cost_ratio, relative_draft)
 
 
 def draft_agreement(calibrations: Sequence[Calibration]) -> float:

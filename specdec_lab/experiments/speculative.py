@@ -13,9 +13,10 @@ import pandas as pd
 from specdec_lab import data, hardware, metrics, models, words
 from specdec_lab.experiments import common, lineups, picker
 from specdec_lab.experiments.speculative_tables import (Picked, Tables, by_category, constant_k_of, focus_category,
-                                                        per_category, picked_vs_measured, the_draft_model_pair)
+                                                        per_category, picked_vs_measured, the_draft_model_pair,
+                                                        tree_vs_chain)
 from specdec_lab.experiments.speculative_words import headline
-from specdec_lab.method import HybridSettings
+from specdec_lab.method import HybridSettings, TreeSettings, shape_label
 from specdec_lab.metrics import Speedup
 from specdec_lab.runs import bench, jsonl
 
@@ -39,7 +40,8 @@ def run(params: dict) -> Tables:
     only references."""
     tables = measure(params)
     if params["fp32_control"]:
-        tables.control = fp32_control(params, tables.picked.hybrid_settings if tables.picked else None)
+        tables.control = fp32_control(params, tables.picked.hybrid_settings if tables.picked else None,
+                                      trees(params, tables.picked))
     return tables
 
 
@@ -60,7 +62,8 @@ def measure(params: dict) -> Tables:
                                           transformers_defaults=params["transformers_defaults"],
                                           lossy=params["draft_then_score"], schedules=params["schedules"],
                                           hybrid_cost_ratio=c if params["hybrid"] else None,
-                                          hybrid_settings=picked.hybrid_settings if picked else None)
+                                          hybrid_settings=picked.hybrid_settings if picked else None,
+                                          **trees(params, picked))
     # The k sweep runs on the first `sweep_prompts` of each set (none: no sweep), in the same units as
     # the line-up: its speedups share the line-up's AR rows instead of timing an AR of their own.
     names = {m.name for m in methods}
@@ -72,7 +75,7 @@ def measure(params: dict) -> Tables:
                          warmup=params["warmup"], desc="methods", only_on={m.name: sweep_ids for m in sweep_methods},
                          # the picker's choice of hybrid settings is part of what these rows measured
                          config={**params, **hybrid_config(picked.hybrid_settings if picked else None),
-                                 **common.precisions(target=target, draft=draft)})
+                                 **tree_config(picked), **common.precisions(target=target, draft=draft)})
     rows = metrics.add_agreement(all_rows[all_rows.decoder.isin(names)], reference_decoder=lineups.TARGET_AR)
     table = metrics.summary(rows, baseline=lineups.TARGET_AR)
     ours, theirs = the_draft_model_pair(methods, params["k"], params["schedules"][0])
@@ -93,6 +96,7 @@ def measure(params: dict) -> Tables:
                                           all_rows)
         tables.picked = picked
     tables.per_category = per_category(tables)
+    tables.trees = tree_vs_chain(rows, methods, tables.by_category, picked) if params["tree_nodes"] else None
     common.write_outputs(params, NOTEBOOK, common.summary_lines(table, methods), headline(tables),
                          model=params["target"], dtype=target.precision)
     return tables
@@ -132,13 +136,21 @@ def pick(params: dict, target: models.LoadedModel, draft: models.LoadedModel, c:
     prompts = calibration_prompts(params)
     calibrations = picker.calibrate(target.model, draft.model, prompts, target.tokenizer, params["max_new_tokens"])
     agreement = picker.draft_agreement(calibrations)
-    costs = picker.measure_costs(target.model, c, max_n=params["max_new_tokens"])
+    costs = picker.measure_costs(target.model, c, max_n=max(params["max_new_tokens"], params["tree_nodes"] + 1),
+                                 draft=draft.model if params["tree_nodes"] else None, max_draft_n=params["tree_nodes"])
     settings, grid = picker.choose_hybrid(calibrations, costs, params["k"], params["prompt_lookup_k"], c, agreement)
-    listed = picker.candidates(swept_k(params), params["k"], params["prompt_lookup_k"], c, settings)
+    shape = tree_grid = None
+    if params["tree_nodes"]:
+        shape, tree_grid = picker.size_tree(calibrations, costs, params["tree_nodes"], tree_max_depth(params))
+        print(f"draft picker: tree of {len(shape)} nodes sized from T(n) and per-rank acceptance "
+              f"{[round(a, 3) for a in picker.rank_acceptance(calibrations)]}: {shape_label(shape)}")
+    listed = [*picker.candidates(swept_k(params), params["k"], params["prompt_lookup_k"], c, settings),
+              *picker.tree_candidates(shape, params["prompt_lookup_k"], lookup_tree(params))]
     table = picker.per_category(picker.predict(calibrations, listed, costs))
     print(f"draft picker: {len(prompts)} calibration prompts, draft agreement (teacher-forced) {agreement:.3f}, "
           f"hybrid settings {settings}")
-    picked = Picked([p.id for p in prompts], agreement, costs, settings, grid, table, picker.recommend(table))
+    picked = Picked([p.id for p in prompts], agreement, costs, settings, grid, table, picker.recommend(table),
+                    shape, tree_grid, picker.rank_acceptance(calibrations) if shape else None)
     saved.parent.mkdir(parents=True, exist_ok=True)
     saved.write_text(json.dumps({"key": key, **picked.to_json()}, indent=1))
     return picked
@@ -153,9 +165,30 @@ def same_prompt_check(params: dict, picked: Picked, target: models.LoadedModel, 
     prompts = {p.id: p for p in prompts_of(params, params["num_prompts"])}
     calibrations = picker.calibrations_from_rows(ar_rows, prompts, target.tokenizer, draft.model,
                                                  target.model.config.vocab_size, params["max_new_tokens"])
-    listed = picker.candidates(swept_k(params), params["k"], params["prompt_lookup_k"],
-                               picked.costs.draft_cost_ratio, picked.hybrid_settings)
+    listed = [*picker.candidates(swept_k(params), params["k"], params["prompt_lookup_k"],
+                                 picked.costs.draft_cost_ratio, picked.hybrid_settings),
+              *picker.tree_candidates(picked.tree_shape, params["prompt_lookup_k"], lookup_tree(params))]
     return picker.per_category(picker.predict(calibrations, listed, picked.costs))
+
+
+def tree_max_depth(params: dict) -> int:
+    """The deepest draft tree the picker weighs: twice k, as deep as prompt lookup's longest proposal."""
+    return 2 * params["k"]
+
+
+def lookup_tree(params: dict) -> TreeSettings | None:
+    """The prompt-lookup tree: `tree_branches` matches merged within `tree_nodes` nodes (0: no trees)."""
+    return TreeSettings(params["tree_nodes"], params["tree_branches"]) if params["tree_nodes"] else None
+
+
+def trees(params: dict, picked: Picked | None) -> dict:
+    """The line-up's token trees: the picker's draft tree and the prompt-lookup tree."""
+    return {"tree_shape": picked.tree_shape if picked else None, "lookup_tree": lookup_tree(params)}
+
+
+def tree_config(picked: Picked | None) -> dict:
+    """What the rows' configuration records of the picker's draft tree (its shape is part of what they measured)."""
+    return {"tree_shape": shape_label(picked.tree_shape)} if picked is not None and picked.tree_shape else {}
 
 
 def draft_cost_ratio(target: models.LoadedModel, draft: models.LoadedModel) -> float:
@@ -171,13 +204,15 @@ def hybrid_config(settings: HybridSettings | None) -> dict:
     return {"hybrid_settings": asdict(settings)} if settings is not None else {}
 
 
-def fp32_control(params: dict, hybrid_settings: HybridSettings | None = None) -> pd.DataFrame:
+def fp32_control(params: dict, hybrid_settings: HybridSettings | None = None, tree_settings: dict | None = None
+                 ) -> pd.DataFrame:
     """Every declared-lossless method of the line-up in fp32, against AR greedy of the fp32 target.
 
     Lossless is a property of the decoder, not of the pair: `control_target` and `control_draft`
     (default: the line-up's) can name a smaller pair, whose draft may be quantized and in another
     dtype (only the target's arithmetic decides the output), so the control fits a CPU budget. The
-    hybrid runs with the line-up's settings (`hybrid_settings`, the picker's choice)."""
+    hybrid runs with the line-up's settings (`hybrid_settings`, the picker's choice), the trees with the
+    line-up's shapes (`tree_settings`)."""
     target_spec = params["control_target"] or params["target"]
     draft_spec = params["control_draft"] or params["draft"]
     draft_quantization = params["control_draft_quantization"]
@@ -192,11 +227,13 @@ def fp32_control(params: dict, hybrid_settings: HybridSettings | None = None) ->
                                           transformers_defaults=params["transformers_defaults"],
                                           schedules=params["schedules"],
                                           hybrid_cost_ratio=draft_cost_ratio(target, draft) if params["hybrid"] else None,
-                                          hybrid_settings=hybrid_settings)
+                                          hybrid_settings=hybrid_settings, **(tree_settings or {}))
     prompts = prompts_of(params, params["control_prompts"])
     control = bench.run(methods, prompts, target.tokenizer, out=common.results_file(params, NOTEBOOK, "fp32_control.jsonl"),
                         repeats=1, warmup=0, desc="fp32 control",
-                        config={**params, **hybrid_config(hybrid_settings)})
+                        config={**params, **hybrid_config(hybrid_settings),
+                                **({"tree_shape": shape_label(tree_settings["tree_shape"])}
+                                   if tree_settings and tree_settings.get("tree_shape") else {})})
     return metrics.add_agreement(control, lineups.TARGET_AR)
 
 

@@ -26,20 +26,32 @@ class Picked:
     hybrid_grid: pd.DataFrame  # every hybrid setting weighed, with its predicted speedups
     table: pd.DataFrame  # per (category, source): predicted, then measured where the line-up ran it
     recommended: pd.DataFrame  # per category: our source with the highest predicted speedup
+    tree_shape: list[tuple[int, int]] | None = None  # the draft tree the picker sized (None: no trees)
+    tree_grid: pd.DataFrame | None = None  # every (nodes, depth) weighed, with its predicted steady-state speedup
+    rank_acceptance: list[float] | None = None  # P(the target's token is the draft's r-th ranked one), teacher-forced
 
     def to_json(self) -> dict:
+        relative_draft = self.costs.relative_draft
         return {"calibration_prompts": self.calibration_prompts, "draft_agreement": self.draft_agreement,
                 "relative_target": {int(n): float(v) for n, v in self.costs.relative_target.items()},
+                "relative_draft": None if relative_draft is None else {int(n): float(v) for n, v in relative_draft.items()},
                 "draft_cost_ratio": self.costs.draft_cost_ratio, "hybrid_settings": asdict(self.hybrid_settings),
-                **{name: getattr(self, name).to_dict("records") for name in ("hybrid_grid", "table", "recommended")}}
+                **{name: getattr(self, name).to_dict("records") for name in ("hybrid_grid", "table", "recommended")},
+                "tree_shape": self.tree_shape, "rank_acceptance": self.rank_acceptance,
+                "tree_grid": None if self.tree_grid is None else self.tree_grid.to_dict("records")}
 
     @classmethod
     def from_json(cls, saved: dict) -> "Picked":
+        relative_draft = saved.get("relative_draft")
         costs = picker.Costs(pd.Series({int(n): v for n, v in saved["relative_target"].items()}),
-                             saved["draft_cost_ratio"])
+                             saved["draft_cost_ratio"],
+                             None if relative_draft is None else pd.Series({int(n): v for n, v in relative_draft.items()}))
+        shape = saved.get("tree_shape")
         return cls(saved["calibration_prompts"], saved["draft_agreement"], costs,
                    HybridSettings(**saved["hybrid_settings"]),
-                   *(pd.DataFrame(saved[name]) for name in ("hybrid_grid", "table", "recommended")))
+                   *(pd.DataFrame(saved[name]) for name in ("hybrid_grid", "table", "recommended")),
+                   [tuple(node) for node in shape] if shape else None,
+                   pd.DataFrame(saved["tree_grid"]) if saved.get("tree_grid") else None, saved.get("rank_acceptance"))
 
 
 @dataclass
@@ -57,6 +69,7 @@ class Tables:
     control: pd.DataFrame | None  # fp32 control: one row per (method, prompt)
     picked: Picked | None = None  # the draft picker's predictions, checked against the measured rows
     per_category: pd.DataFrame | None = None  # per (category, which): our best, the hybrid, transformers' best, the pick
+    trees: pd.DataFrame | None = None  # per (category, source): tree ÷ chain, measured and predicted
 
 
 SUMMARY_COLUMNS = ["speedup", "speedup_low", "speedup_high", "prompts", "tokens_per_second",
@@ -208,3 +221,38 @@ def fastest(by_category: pd.DataFrame, category: str) -> pd.Series:
 def control_mismatches(control: pd.DataFrame) -> pd.DataFrame:
     """The fp32 samples of declared-lossless methods that differ from AR greedy (empty = all exact)."""
     return control[control.lossless & ~control.full_match.astype(bool)]
+
+
+def tree_vs_chain(rows: pd.DataFrame, methods: list[Method], by_category: pd.DataFrame,
+                  picked: Picked | None = None) -> pd.DataFrame:
+    """Per (category, source kind) with a tree method in the line-up: the tree's per-token speedup over
+    our chain of the same source (the first in line-up order), paired per prompt (geometric mean, 95%
+    interval, prompts), each one's tokens per target forward, and with a picker the predicted ratio
+    (its predicted speedups of the two, from the held-out calibration prompts)."""
+    forwards = by_category.set_index(["category", "method"]).tokens_per_target_forward
+    records = []
+    for tree in [m for m in methods if m.source is not None and m.source.tree is not None]:
+        chain = next((m for m in methods if m.implementation == "ours" and m.source is not None
+                      and m.source.kind == tree.source.kind and m.source.tree is None), None)
+        if chain is None:
+            continue
+        speed = metrics.speedups(rows[rows.decoder.isin([tree.name, chain.name])], chain.name)
+        for category, group in speed[speed.decoder == tree.name].groupby("category", sort=False):
+            ratio = metrics.over_prompts(group.groupby("prompt_id").speedup.median())
+            records.append({"category": category, "source_kind": tree.source.kind, "tree": tree.name,
+                            "chain": chain.name, **ratio.columns(),
+                            "tree_tokens_per_forward": forwards.get((category, tree.name), float("nan")),
+                            "chain_tokens_per_forward": forwards.get((category, chain.name), float("nan")),
+                            "predicted": predicted_ratio(picked, category, tree.source, chain.source)})
+    return pd.DataFrame(records)
+
+
+def predicted_ratio(picked: Picked | None, category: str, tree, chain) -> float:
+    """The picker's predicted speedup of `tree` over that of `chain` (source records) in `category`."""
+    if picked is None:
+        return float("nan")
+    lines = picked.table[picked.table.category == category]
+    predicted = {}
+    for _, line in lines.iterrows():
+        predicted[source_from_columns(line, line.implementation)] = line.predicted_speedup
+    return predicted.get(tree, float("nan")) / predicted.get(chain, float("nan"))

@@ -6,6 +6,7 @@ from __future__ import annotations
 import pandas as pd
 
 from specdec_lab import words
+from specdec_lab.experiments import lineups
 from specdec_lab.experiments.speculative_tables import Tables, control_mismatches, fastest, focus_numbers
 from specdec_lab.metrics import Speedup
 
@@ -98,3 +99,26 @@ def control_findings(control: pd.DataFrame) -> str:
 def texts_markdown(tables: Tables) -> str:
     """The first prompt's texts, one block per method, for reading side by side."""
     return "\n\n".join(f"**{name}**\n\n```\n{text[:600]}\n```" for name, text in tables.texts.items())
+
+
+def tree_findings(tables: Tables, gain: float = 1.15) -> str:
+    """The token trees in words: how the picker sized the draft tree, then per source kind and kind of
+    text the tree's speedup over the chain, and whether it reaches `gain` (the issue's target)."""
+    lines = []
+    picked = tables.picked
+    if picked is not None and picked.tree_shape:
+        depth = max(lineups.tree_depth(picked.tree_shape), 1)
+        verify = picked.costs.verify(len(picked.tree_shape) + 1)
+        lines.append(f"The picker sized the draft tree at {len(picked.tree_shape)} nodes, depth {depth}, from the "
+                     f"draft's per-rank acceptance (teacher-forced: "
+                     f"{', '.join(f'rank {r + 1}: {a:.2f}' for r, a in enumerate(picked.rank_acceptance or []))}) "
+                     f"and this machine's T(n): verifying its {len(picked.tree_shape) + 1} tokens costs "
+                     f"{verify:.2f} AR steps.")
+    for _, row in tables.trees.iterrows():
+        ratio = Speedup.from_line(row)
+        predicted = f"; the picker predicted {row.predicted:.2f}x" if pd.notna(row.predicted) else ""
+        verdict = "reaches" if ratio.value >= gain else "misses"
+        lines.append(f"**{row.category}, {row.source_kind}**: the tree runs at {words.interval(ratio)} the speed of "
+                     f"the chain ({row.tree_tokens_per_forward:.2f} against {row.chain_tokens_per_forward:.2f} tokens "
+                     f"per target forward){predicted}: it {verdict} {gain:.2f}x.")
+    return words.bullets(lines)

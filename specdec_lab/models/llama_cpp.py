@@ -168,6 +168,7 @@ class LlamaCppSequence:
         self.length = 0
         self._causal_length: int | None = None  # after a masked forward: how much of it may stay
         self._mask_sequences: list[int] = []
+        self._last_forward: tuple[int, list[list[bool]] | None] | None = None  # (start, its mask over new tokens)
 
     def _check_owner(self) -> None:
         if self.model.sequence_generation != self.generation:
@@ -207,6 +208,7 @@ class LlamaCppSequence:
         self.length = start + n
         if visible is not None:
             self._causal_length = start + causal
+        self._last_forward = (start, None if visible is None else visible[:, start:].to(torch.bool).tolist())
         return logits
 
     def _decode(self, token_ids, positions: list[int], sequence_ids: list[list[int]], rows: list[int]) -> torch.Tensor:
@@ -292,10 +294,40 @@ class LlamaCppSequence:
         self._mask_sequences = own[causal:]
         return sequence_ids, causal
 
+    def retain(self, rows: Sequence[int]) -> None:
+        """Keep the cache from before the last forward plus its `rows` (ascending): the forward's causal
+        run, then at most one path that its last row sees whole (a token tree's accepted path). The
+        path's cells join sequence 0 (a copy of the last row's sequence id, which every cell it sees
+        carries); every other masked cell goes."""
+        import llama_cpp
+
+        if self._last_forward is None:
+            raise ValueError("retain() keeps rows of the last forward, and there is none since the last crop")
+        start, seen = self._last_forward
+        rows = [int(row) for row in rows]
+        causal = self.length - start if self._causal_length is None else self._causal_length - start
+        prefix = [row for row in rows if row < causal]
+        path = [row for row in rows if row >= causal]
+        if prefix != list(range(len(prefix))) or (path and len(prefix) != causal):
+            raise ValueError(f"retain() keeps a prefix of the forward's causal part ({causal} rows) and then one "
+                             f"path, got rows {rows}")
+        if not path:
+            self.crop(start + len(prefix))
+            return
+        last = path[-1]
+        if [row for row in range(causal, len(seen)) if seen[last][row]] != path:
+            raise ValueError(f"rows {path} are not the path row {last} sees: retain() keeps one root-to-node path")
+        llama_cpp.llama_memory_seq_cp(self.memory, last - causal + 1, 0, -1, -1)  # the path's cells join sequence 0
+        for sequence in self._mask_sequences:
+            llama_cpp.llama_memory_seq_rm(self.memory, sequence, -1, -1)
+        self._mask_sequences, self._causal_length, self._last_forward = [], None, None
+        self.length = start + len(rows)
+
     def crop(self, length: int) -> None:
         """Keep the first `length` tokens of the cache."""
         import llama_cpp
 
+        self._last_forward = None
         if self.model.sequence_generation != self.generation:
             self._check_owner()
         if self._causal_length is not None:
