@@ -113,7 +113,9 @@ def tree_findings(tables: Tables, gain: float = 1.15) -> str:
                      f"draft's per-rank acceptance (teacher-forced: "
                      f"{', '.join(f'rank {r + 1}: {a:.2f}' for r, a in enumerate(picked.rank_acceptance or []))}) "
                      f"and this machine's T(n): verifying its {len(picked.tree_shape) + 1} tokens costs "
-                     f"{verify:.2f} AR steps.")
+                     f"{verify:.2f} AR steps."
+                     + (" That tree is a chain: no branch is expected to accept enough to pay for the tokens it adds "
+                        "to the verification." if depth == len(picked.tree_shape) else ""))
     for _, row in tables.trees.iterrows():
         ratio = Speedup.from_line(row)
         predicted = f"; the picker predicted {row.predicted:.2f}x" if pd.notna(row.predicted) else ""
