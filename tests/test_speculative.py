@@ -529,6 +529,38 @@ def test_hybrid_rolls_the_draft_back_after_lookup_and_draft_proposals():
         assert proposal == own[:len(proposal)]
 
 
+def test_hybrid_charges_the_drafts_prefill_against_the_tokens_left():
+    """A long prompt with few tokens to generate: at a prefill of 0.5 target steps a token, reading the
+    prompt costs the draft more than drafting can save, so the hybrid never drafts (nor explores); at
+    0 it drafts. Catches the catch-up left uncharged and an explored draft that pays the prefill."""
+    long_prompt = PROMPT + [20 + i % 40 for i in range(60)]
+    free = hybrid(prior_acceptance=0.9, cost_ratio=0.1, explore_every=2)
+    charged = hybrid(prior_acceptance=0.9, cost_ratio=0.1, explore_every=2, prefill_cost_ratio=0.5)
+    expected = autoregressive.generate(TARGET, long_prompt, 12, stop_ids=[]).tokens
+    for candidates in (free, charged):
+        assert speculative.generate(TARGET, candidates, long_prompt, 12, stop_ids=[]).tokens == expected
+    assert "draft model" in free.sources and not any("draft" in source for source in charged.sources)
+
+
+class CheckedHybrid(HybridCandidates):
+    """After every step, what the hybrid believes the draft has read equals the draft's cache."""
+
+    def update(self, tokens, num_accepted, num_proposed):
+        super().update(tokens, num_accepted, num_proposed)
+        assert self.draft_seen == self.draft.cached_length, (self.draft_seen, self.draft.cached_length)
+
+
+def test_hybrid_knows_what_its_draft_has_read():
+    """The catch-up the hybrid charges is what the draft's cache lacks: catches a count that forgets the
+    looked-up tokens a draft continued after, or the proposals it kept in its cache."""
+    candidates = CheckedHybrid(DRAFT, k=3, prompt_lookup_k=4, prior_acceptance=0.9, cost_ratio=0.1,
+                               prefill_cost_ratio=0.01)
+    repetitive = PROMPT + [3, 4] + PROMPT[1:] + [12, 13] + PROMPT[2:5]
+    result = speculative.generate(TARGET, candidates, repetitive, 40, stop_ids=[])
+    assert result.tokens == autoregressive.generate(TARGET, repetitive, 40, stop_ids=[]).tokens
+    assert {"prompt lookup + draft model", "draft model"} <= set(candidates.sources)
+
+
 @pytest.mark.usefixtures("unmeasured")
 def test_hybrid_sampling_matches_the_target_distribution():
     """Catches the joined proposal (looked-up tokens, then drafted ones) weighed with the draft's q

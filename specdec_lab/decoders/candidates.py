@@ -452,14 +452,24 @@ class HybridCandidates:
     target step (verifying n tokens costs little more than one on this hardware); the draft is
     expected to give its speedup. The larger wins. Lossless like every candidate source: the target
     verifies whatever is proposed.
+
+    The draft reads every token it has not seen before it proposes: the whole prompt the first time,
+    and all that lookup or plain steps added since it last drafted. At `prefill_cost_ratio` target steps
+    a token (the draft's prefill per token over the target's AR step, measured), that catch-up is
+    charged against what drafting is expected to save over the tokens left; the draft runs (or is
+    explored) only where the saving exceeds it. On a long prompt with few tokens to generate the
+    draft's prefill can cost more than drafting gives back.
     """
 
     def __init__(self, draft_model, k: int = 5, prompt_lookup_k: int = 10, cost_ratio: float = 0.3,
                  prior_acceptance: float = HybridSettings.prior_acceptance, prior_tokens: int = 10,
                  explore_every: int = 8, confidence_threshold: float = 0.4,
-                 extend_lookups: bool = HybridSettings.extend_lookups, draft=None):
+                 extend_lookups: bool = HybridSettings.extend_lookups, draft=None, prefill_cost_ratio: float = 0.0):
         if not 0 < cost_ratio:
             raise ValueError(f"cost_ratio (draft step / target step) must be > 0, got {cost_ratio}")
+        if not prefill_cost_ratio >= 0:
+            raise ValueError(f"prefill_cost_ratio (draft prefill per token / target step) must be >= 0, "
+                             f"got {prefill_cost_ratio}")
         if not 0 <= prior_acceptance < 1:
             raise ValueError(f"prior_acceptance must be in [0, 1), got {prior_acceptance}")
         # `draft`: another draft candidate source with the same rules (the picker's replayed draft)
@@ -468,6 +478,7 @@ class HybridCandidates:
         self.lookup = PromptLookupCandidates(prompt_lookup_k)
         self.cost_ratio, self.prior_acceptance, self.prior_tokens = cost_ratio, prior_acceptance, prior_tokens
         self.explore_every, self.extend_lookups = explore_every, extend_lookups
+        self.prefill_cost_ratio = prefill_cost_ratio
         self.reset(vocab_size=None)
 
     def reset(self, vocab_size: int | None) -> None:
@@ -475,6 +486,7 @@ class HybridCandidates:
         self.lookup.reset(vocab_size)
         self.draft_accepted, self.draft_proposed = 0, 0
         self.steps_without_draft = 0
+        self.draft_seen = 0  # tokens the draft has read (its cache, or its replay's stand-in)
         self.source, self.looked_up = None, 0
         self.sources: list[str] = []  # the source of every step, for the tables
 
@@ -499,6 +511,15 @@ class HybridCandidates:
         optimistic = kind + 1  # the match's length
         return 1.0 + (self.lookup.accepted[kind] + optimistic) / (self.lookup.steps[kind] + 1)
 
+    def catch_up_cost(self, tokens) -> float:
+        """Target steps the draft spends reading what it has not seen, beyond the 1-2 tokens of a step."""
+        return self.prefill_cost_ratio * max(0, len(tokens) - self.draft_seen - 2)
+
+    def drafting_pays(self, tokens, left: int, speedup: float) -> bool:
+        """Drafting for the `left` tokens to come saves left * (1 - 1 / speedup) target steps: more than
+        the catch-up costs?"""
+        return speedup > 1.0 and left * (1 - 1 / speedup) > self.catch_up_cost(tokens)
+
     def propose(self, tokens, max_candidates, sampling, rng) -> Candidates:
         self.source, self.looked_up = "nothing", 0
         if max_candidates < 1:
@@ -506,20 +527,29 @@ class HybridCandidates:
         looked_up = self.lookup.propose(tokens, max_candidates, sampling, rng).token_ids
         draft_k = min(self.draft.length.k, max_candidates)
         draft_speedup = self.draft_speedup(draft_k)
-        explore = self.steps_without_draft >= self.explore_every
-        if looked_up and self.lookup_gain() >= max(draft_speedup, 1.0):
+        # exploring is cheap only while the draft has (nearly) caught up: no prefill is spent on a probe
+        explore = self.steps_without_draft >= self.explore_every and self.catch_up_cost(tokens) <= self.cost_ratio
+        pays = self.drafting_pays(tokens, max_candidates + 1, draft_speedup)
+        if looked_up and self.lookup_gain() >= max(draft_speedup if pays else 1.0, 1.0):
             self.source, self.looked_up = "prompt lookup", len(looked_up)
             room = max_candidates - len(looked_up)
             runs_out = len(looked_up) < self.lookup.lengths[self.lookup.kind].k
-            if self.extend_lookups and room > 0 and runs_out and (draft_speedup > 1.0 or explore):
+            if self.extend_lookups and room > 0 and runs_out and (pays or explore):
                 self.source = "prompt lookup + draft model"
                 drafted = self.draft.propose(list(tokens) + looked_up, room, sampling, rng)
+                self._seen(len(tokens) + len(looked_up), drafted)
                 return self._chosen(self._joined(looked_up, drafted, sampling))
             return self._chosen(Candidates(looked_up))
-        if draft_speedup > 1.0 or explore:
+        if pays or explore:
             self.source = "draft model"
-            return self._chosen(self.draft.propose(tokens, max_candidates, sampling, rng))
+            drafted = self.draft.propose(tokens, max_candidates, sampling, rng)
+            self._seen(len(tokens), drafted)
+            return self._chosen(drafted)
         return self._chosen(Candidates([]))
+
+    def _seen(self, length: int, drafted: Candidates) -> None:
+        """The draft read `length` tokens, then each of its proposals but the last (as its cache holds)."""
+        self.draft_seen = length + max(len(drafted.token_ids) - 1, 0)
 
     def _chosen(self, candidates: Candidates) -> Candidates:
         self.sources.append(self.source)
@@ -540,6 +570,7 @@ class HybridCandidates:
 
     def update(self, tokens, num_accepted, num_proposed) -> None:
         self.draft.update(tokens, 0, 0)  # the draft's cache back to the accepted prefix, whoever proposed
+        self.draft_seen = min(self.draft_seen, len(tokens) - 1)
         if self.source in ("prompt lookup", "prompt lookup + draft model"):
             self.lookup.update(tokens, min(num_accepted, self.looked_up), self.looked_up)
         drafted = num_proposed - self.looked_up

@@ -166,18 +166,19 @@ def prompt_lookup_tree_source(k: int, tree: TreeSettings) -> CandidateSource:
 def hybrid(target: LoadedModel, draft: LoadedModel, k: int, prompt_lookup_k: int, max_new_tokens: int,
            cost_ratio: float, sampling: Sampling = GREEDY, adaptive_threshold: float = 0.4,
            settings: HybridSettings | None = None, name: str | None = None, lossless: bool = True,
-           weights: Weights | None = None) -> Method:
+           weights: Weights | None = None, prefill_cost_ratio: float = 0.0) -> Method:
     """Our hybrid candidate source: each step prompt lookup, the draft model (adaptive k from k),
     lookup continued by the draft, or nothing, chosen from the match and the acceptance so far
     (see HybridCandidates). `cost_ratio` = draft step / target step, measured on this machine (a
     measurement fed to the source, not part of what it is); `settings`: as the draft picker chose
-    them (None: the record's defaults, which are HybridCandidates')."""
+    them (None: the record's defaults, which are HybridCandidates'); `prefill_cost_ratio` = the draft's
+    prefill per token / target step, another measurement (0: the draft's catch-up is not charged)."""
     settings = settings or HybridSettings()
 
     def make():
         return HybridCandidates(draft.model, k, prompt_lookup_k, cost_ratio=cost_ratio,
                                 confidence_threshold=adaptive_threshold, prior_acceptance=settings.prior_acceptance,
-                                extend_lookups=settings.extend_lookups)
+                                extend_lookups=settings.extend_lookups, prefill_cost_ratio=prefill_cost_ratio)
     return with_candidates(target, make, max_new_tokens, sampling,
                            name or f"hybrid: prompt lookup k={prompt_lookup_k} or draft adaptive k from {k} (ours)",
                            hybrid_source(k, prompt_lookup_k, settings, adaptive_threshold), lossless, weights)
@@ -266,7 +267,7 @@ def speculative_methods(target: LoadedModel, draft: LoadedModel, k: int, max_new
                         universal_draft: LoadedModel | None = None, lossy: bool = True,
                         transformers_defaults: bool = True, adaptive_threshold: float = 0.4,
                         schedules: Sequence[str] = SCHEDULES, hybrid_cost_ratio: float | None = None,
-                        hybrid_settings: HybridSettings | None = None,
+                        hybrid_settings: HybridSettings | None = None, hybrid_prefill_ratio: float = 0.0,
                         tree_shape: Sequence[tuple[int, int]] | None = None,
                         lookup_tree: TreeSettings | None = None) -> list[Method]:
     """AR baseline; our speculative decoder and transformers' assisted generation configured alike,
@@ -299,7 +300,7 @@ def speculative_methods(target: LoadedModel, draft: LoadedModel, k: int, max_new
         *ours,
         prompt_lookup(target, prompt_lookup_k, max_new_tokens, sampling),
         *([hybrid(target, draft, k, prompt_lookup_k, max_new_tokens, hybrid_cost_ratio, sampling, adaptive_threshold,
-                  hybrid_settings)] if hybrid_cost_ratio is not None else []),
+                  hybrid_settings, prefill_cost_ratio=hybrid_prefill_ratio)] if hybrid_cost_ratio is not None else []),
         *theirs,
         peer(f"prompt lookup k={prompt_lookup_k}, n<={TRANSFORMERS_PROMPT_LOOKUP_NGRAM}, first match (transformers)",
              prompt_lookup_source(prompt_lookup_k, implementation="transformers"),

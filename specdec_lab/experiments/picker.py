@@ -230,6 +230,7 @@ class Costs:
     relative_target: pd.Series  # T(n) / T(1) of the target, indexed by n
     draft_cost_ratio: float  # c = draft T(1) / target T(1)
     relative_draft: pd.Series | None = None  # T(n) / T(1) of the draft (a tree level feeds several tokens)
+    draft_prefill_ratio: float = 0.0  # the draft's prefill per token / target T(1) (the hybrid's catch-up)
 
     def draft_forward(self, n: int) -> float:
         """A draft forward over n tokens, in target AR steps: c T_draft(n) / T_draft(1)."""
@@ -263,12 +264,13 @@ class Candidate:
 
 
 def hybrid_candidate(k: int, prompt_lookup_k: int, cost_ratio: float, settings: HybridSettings,
-                     adaptive_threshold: float = 0.4) -> Candidate:
+                     adaptive_threshold: float = 0.4, prefill_cost_ratio: float = 0.0) -> Candidate:
     """The hybrid with `settings`, its draft replayed."""
     def make(forecast):
         return HybridCandidates(None, k, prompt_lookup_k, cost_ratio=cost_ratio, confidence_threshold=adaptive_threshold,
                                 draft=TeacherForcedDraft(forecast, k, "heuristic", adaptive_threshold),
-                                prior_acceptance=settings.prior_acceptance, extend_lookups=settings.extend_lookups)
+                                prior_acceptance=settings.prior_acceptance, extend_lookups=settings.extend_lookups,
+                                prefill_cost_ratio=prefill_cost_ratio)
     return Candidate(f"hybrid (k from {k}, lookup k={prompt_lookup_k}; {settings.label()})",
                      lineups.hybrid_source(k, prompt_lookup_k, settings, adaptive_threshold), make)
 
@@ -286,7 +288,8 @@ def choose_hybrid(calibrations, costs: "Costs", k: int, prompt_lookup_k: int, co
     categories of each category's geometric mean over prompts (every kind of text counts alike)."""
     records = []
     for settings in hybrid_settings_grid(draft_agreement):
-        candidate = hybrid_candidate(k, prompt_lookup_k, cost_ratio, settings, adaptive_threshold)
+        candidate = hybrid_candidate(k, prompt_lookup_k, cost_ratio, settings, adaptive_threshold,
+                                     costs.draft_prefill_ratio)
         by_category = per_category(predict(calibrations, [candidate], costs))
         records.append({**asdict(settings), **dict(zip(by_category.category, by_category.predicted_speedup)),
                         "overall": metrics.geometric_mean(by_category.predicted_speedup)})
@@ -351,7 +354,8 @@ def tree_candidates(tree_shape: Sequence[tuple[int, int]] | None, prompt_lookup_
 
 
 def candidates(k_values: Sequence[int], k: int, prompt_lookup_k: int, cost_ratio: float,
-               hybrid_settings: HybridSettings, adaptive_threshold: float = 0.4) -> list[Candidate]:
+               hybrid_settings: HybridSettings, adaptive_threshold: float = 0.4,
+               prefill_cost_ratio: float = 0.0) -> list[Candidate]:
     """Every source the picker weighs: the draft at each constant k and with the adaptive schedule,
     our prompt lookup, transformers' prompt lookup rule, and the hybrid with its chosen settings."""
     listed = [Candidate(f"draft k={kk}", lineups.draft_source(kk), lambda f, kk=kk: TeacherForcedDraft(f, kk))
@@ -363,7 +367,8 @@ def candidates(k_values: Sequence[int], k: int, prompt_lookup_k: int, cost_ratio
     listed.append(Candidate(f"prompt lookup k={prompt_lookup_k} (transformers' rule)",
                             lineups.prompt_lookup_source(prompt_lookup_k, implementation="transformers"),
                             lambda f: FirstMatchLookup(prompt_lookup_k, lineups.TRANSFORMERS_PROMPT_LOOKUP_NGRAM)))
-    listed.append(hybrid_candidate(k, prompt_lookup_k, cost_ratio, hybrid_settings, adaptive_threshold))
+    listed.append(hybrid_candidate(k, prompt_lookup_k, cost_ratio, hybrid_settings, adaptive_threshold,
+                                   prefill_cost_ratio))
     return listed
 
 
@@ -415,7 +420,7 @@ def calibrations_from_rows(ar_rows: pd.DataFrame, prompts: dict, tokenizer, draf
 
 
 def measure_costs(target, draft_cost_ratio: float, max_n: int, repeats: int = 5, draft=None,
-                  max_draft_n: int = 0) -> Costs:
+                  max_draft_n: int = 0, draft_prefill_ratio: float = 0.0) -> Costs:
     """T(n) / T(1) of the target for n up to `max_n` (the longest verification a source can ask),
     from the nondecreasing fit of the medians (`hardware.forward_cost_curve`); with a `draft`, its
     own T(n) / T(1) up to `max_draft_n` (a tree level's forward)."""
@@ -426,7 +431,7 @@ def measure_costs(target, draft_cost_ratio: float, max_n: int, repeats: int = 5,
         draft_n = sorted({1, 2, 3, 4, 6, 8, 12, 16, max_draft_n} & set(range(1, max_draft_n + 1)))
         relative_draft = hardware.forward_cost_curve(draft, draft_n, prefix_tokens=100,
                                                      repeats=repeats).set_index("n").relative_to_one
-    return Costs(curve.set_index("n").relative_to_one, draft_cost_ratio, relative_draft)
+    return Costs(curve.set_index("n").relative_to_one, draft_cost_ratio, relative_draft, draft_prefill_ratio)
 
 
 def draft_agreement(calibrations: Sequence[Calibration]) -> float:

@@ -55,7 +55,8 @@ def measure(params: dict) -> Tables:
     prompts = prompts_of(params, params["num_prompts"])
     print(f"{len(prompts)} prompts:", ", ".join(f"{p.id} ({p.category})" for p in prompts))
     c = draft_cost_ratio(target, draft) if params["hybrid"] or params["sweep_prompts"] or params["picker_prompts"] else None
-    picked = pick(params, target, draft, c) if params["picker_prompts"] else None
+    prefill_ratio = draft_prefill_ratio(target, draft) if params["hybrid"] or params["picker_prompts"] else 0.0
+    picked = pick(params, target, draft, c, prefill_ratio) if params["picker_prompts"] else None
 
     methods = lineups.speculative_methods(target, draft, params["k"], params["max_new_tokens"],
                                           prompt_lookup_k=params["prompt_lookup_k"], universal_draft=universal,
@@ -63,7 +64,7 @@ def measure(params: dict) -> Tables:
                                           lossy=params["draft_then_score"], schedules=params["schedules"],
                                           hybrid_cost_ratio=c if params["hybrid"] else None,
                                           hybrid_settings=picked.hybrid_settings if picked else None,
-                                          **trees(params, picked))
+                                          hybrid_prefill_ratio=prefill_ratio, **trees(params, picked))
     # The k sweep runs on the first `sweep_prompts` of each set (none: no sweep), in the same units as
     # the line-up: its speedups share the line-up's AR rows instead of timing an AR of their own.
     names = {m.name for m in methods}
@@ -120,7 +121,8 @@ def calibration_prompts(params: dict) -> list[data.Prompt]:
     return held_out
 
 
-def pick(params: dict, target: models.LoadedModel, draft: models.LoadedModel, c: float) -> Picked:
+def pick(params: dict, target: models.LoadedModel, draft: models.LoadedModel, c: float,
+         prefill_ratio: float = 0.0) -> Picked:
     """The draft picker on held-out calibration prompts: the target's greedy output and AR times,
     the draft's teacher-forced agreement, T(n) of the target; then every source's predicted speedup
     per category, and the hybrid's defaults (the settings predicted fastest). Saved, so a resumed
@@ -137,14 +139,16 @@ def pick(params: dict, target: models.LoadedModel, draft: models.LoadedModel, c:
     calibrations = picker.calibrate(target.model, draft.model, prompts, target.tokenizer, params["max_new_tokens"])
     agreement = picker.draft_agreement(calibrations)
     costs = picker.measure_costs(target.model, c, max_n=max(params["max_new_tokens"], params["tree_nodes"] + 1),
-                                 draft=draft.model if params["tree_nodes"] else None, max_draft_n=params["tree_nodes"])
+                                 draft=draft.model if params["tree_nodes"] else None, max_draft_n=params["tree_nodes"],
+                                 draft_prefill_ratio=prefill_ratio)
     settings, grid = picker.choose_hybrid(calibrations, costs, params["k"], params["prompt_lookup_k"], c, agreement)
     shape = tree_grid = None
     if params["tree_nodes"]:
         shape, tree_grid = picker.size_tree(calibrations, costs, params["tree_nodes"], tree_max_depth(params))
         print(f"draft picker: tree of {len(shape)} nodes sized from T(n) and per-rank acceptance "
               f"{[round(a, 3) for a in picker.rank_acceptance(calibrations)]}: {shape_label(shape)}")
-    listed = [*picker.candidates(swept_k(params), params["k"], params["prompt_lookup_k"], c, settings),
+    listed = [*picker.candidates(swept_k(params), params["k"], params["prompt_lookup_k"], c, settings,
+                                 prefill_cost_ratio=prefill_ratio),
               *picker.tree_candidates(shape, params["prompt_lookup_k"], lookup_tree(params))]
     table = picker.per_category(picker.predict(calibrations, listed, costs))
     print(f"draft picker: {len(prompts)} calibration prompts, draft agreement (teacher-forced) {agreement:.3f}, "
@@ -166,7 +170,8 @@ def same_prompt_check(params: dict, picked: Picked, target: models.LoadedModel, 
     calibrations = picker.calibrations_from_rows(ar_rows, prompts, target.tokenizer, draft.model,
                                                  target.model.config.vocab_size, params["max_new_tokens"])
     listed = [*picker.candidates(swept_k(params), params["k"], params["prompt_lookup_k"],
-                                 picked.costs.draft_cost_ratio, picked.hybrid_settings),
+                                 picked.costs.draft_cost_ratio, picked.hybrid_settings,
+                                 prefill_cost_ratio=picked.costs.draft_prefill_ratio),
               *picker.tree_candidates(picked.tree_shape, params["prompt_lookup_k"], lookup_tree(params))]
     return picker.per_category(picker.predict(calibrations, listed, picked.costs))
 
@@ -199,6 +204,16 @@ def draft_cost_ratio(target: models.LoadedModel, draft: models.LoadedModel) -> f
     return cost[0] / cost[1]
 
 
+def draft_prefill_ratio(target: models.LoadedModel, draft: models.LoadedModel, tokens: int = 64) -> float:
+    """The draft's prefill per token over the target's AR step: a forward of the draft over `tokens`
+    tokens after a 100-token prefix, per token, over T(1) of the target (median of 3 and of 5). The
+    hybrid charges the draft's catch-up (its first prefill of the prompt) at this rate."""
+    draft_ms = hardware.forward_cost_curve(draft.model, [tokens], prefix_tokens=100, repeats=3).ms.iloc[0] / tokens
+    target_ms = hardware.forward_cost_curve(target.model, [1], prefix_tokens=100, repeats=5).ms.iloc[0]
+    print(f"draft prefill: {draft_ms:.1f} ms a token = {draft_ms / target_ms:.3f} target steps")
+    return draft_ms / target_ms
+
+
 def hybrid_config(settings: HybridSettings | None) -> dict:
     """What the rows' configuration records of the hybrid's settings (nothing without a picker)."""
     return {"hybrid_settings": asdict(settings)} if settings is not None else {}
@@ -227,7 +242,8 @@ def fp32_control(params: dict, hybrid_settings: HybridSettings | None = None, tr
                                           transformers_defaults=params["transformers_defaults"],
                                           schedules=params["schedules"],
                                           hybrid_cost_ratio=draft_cost_ratio(target, draft) if params["hybrid"] else None,
-                                          hybrid_settings=hybrid_settings, **(tree_settings or {}))
+                                          hybrid_settings=hybrid_settings, **(tree_settings or {}),
+                                          hybrid_prefill_ratio=draft_prefill_ratio(target, draft) if params["hybrid"] else 0.0)
     prompts = prompts_of(params, params["control_prompts"])
     control = bench.run(methods, prompts, target.tokenizer, out=common.results_file(params, NOTEBOOK, "fp32_control.jsonl"),
                         repeats=1, warmup=0, desc="fp32 control",

@@ -35,7 +35,8 @@ class Picked:
         return {"calibration_prompts": self.calibration_prompts, "draft_agreement": self.draft_agreement,
                 "relative_target": {int(n): float(v) for n, v in self.costs.relative_target.items()},
                 "relative_draft": None if relative_draft is None else {int(n): float(v) for n, v in relative_draft.items()},
-                "draft_cost_ratio": self.costs.draft_cost_ratio, "hybrid_settings": asdict(self.hybrid_settings),
+                "draft_cost_ratio": self.costs.draft_cost_ratio, "draft_prefill_ratio": self.costs.draft_prefill_ratio,
+                "hybrid_settings": asdict(self.hybrid_settings),
                 **{name: getattr(self, name).to_dict("records") for name in ("hybrid_grid", "table", "recommended")},
                 "tree_shape": self.tree_shape, "rank_acceptance": self.rank_acceptance,
                 "tree_grid": None if self.tree_grid is None else self.tree_grid.to_dict("records")}
@@ -45,7 +46,8 @@ class Picked:
         relative_draft = saved.get("relative_draft")
         costs = picker.Costs(pd.Series({int(n): v for n, v in saved["relative_target"].items()}),
                              saved["draft_cost_ratio"],
-                             None if relative_draft is None else pd.Series({int(n): v for n, v in relative_draft.items()}))
+                             None if relative_draft is None else pd.Series({int(n): v for n, v in relative_draft.items()}),
+                             saved.get("draft_prefill_ratio", 0.0))
         shape = saved.get("tree_shape")
         return cls(saved["calibration_prompts"], saved["draft_agreement"], costs,
                    HybridSettings(**saved["hybrid_settings"]),
