@@ -120,38 +120,33 @@ def test_hybrid_targets_compare_with_the_best_single_method_and_the_floor_where_
 
 def test_tree_vs_chain_pairs_each_tree_with_our_chain_of_its_source_per_prompt():
     """Catches a tree compared with another source's chain, with transformers' chain, or with AR, and
-    the ratio taken of means instead of paired per prompt; the prediction is the ratio of the picker's."""
+    the ratio taken of means instead of paired per prompt; the prediction is the ratio of the picker's.
+    What each decoder is comes from its rows' source columns."""
     from types import SimpleNamespace
 
     from specdec_lab import metrics
-    from specdec_lab.method import CandidateSource, TreeSettings
-
-    def method(name, source, implementation="ours"):
-        return Method(name, lambda ids: None, lossless=True, role="speculative", implementation=implementation,
-                      source=source)
+    from specdec_lab.method import TreeSettings
 
     lookup_tree = TreeSettings(8, 3)
-    methods = [Method(lineups.TARGET_AR, lambda ids: None, lossless=True, role="target AR"),
-               method("draft chain", lineups.draft_source(5, "heuristic", 0.4)),
-               method("lookup chain", lineups.prompt_lookup_source(10)),
-               method("lookup (transformers)", lineups.prompt_lookup_source(10, implementation="transformers"),
-                      "transformers"),
-               method("lookup tree", lineups.prompt_lookup_tree_source(10, lookup_tree))]
-    walls = {"draft chain": [0.9, 0.8], "lookup chain": [0.5, 0.4], "lookup (transformers)": [0.2, 0.2],
-             "lookup tree": [0.4, 0.5]}  # the tree: 1.25x then 0.8x the chain's speed
-    rows = []
-    for i in range(2):
-        rows.append(row(lineups.TARGET_AR, f"c{i}", tokens=range(8), category="code"))
-        rows += [row(name, f"c{i}", tokens=range(8), wall_time_s=wall[i], category="code") for name, wall in walls.items()]
-    rows = pd.DataFrame(rows).assign(tokens_per_target_forward=1.0, ms_per_token=lambda f: 1000 * f.wall_time_s / 8)
+    described = {lineups.TARGET_AR: ("ours", None),
+                 "draft chain": ("ours", lineups.draft_source(5, "heuristic", 0.4)),
+                 "lookup chain": ("ours", lineups.prompt_lookup_source(10)),
+                 "lookup (transformers)": ("transformers", lineups.prompt_lookup_source(10, implementation="transformers")),
+                 "lookup tree": ("ours", lineups.prompt_lookup_tree_source(10, lookup_tree))}
+    walls = {lineups.TARGET_AR: [1.0, 1.0], "draft chain": [0.9, 0.8], "lookup chain": [0.5, 0.4],
+             "lookup (transformers)": [0.2, 0.2], "lookup tree": [0.4, 0.5]}  # the tree: 1.25x then 0.8x the chain's
+    rows = pd.DataFrame([row(name, f"c{i}", tokens=range(8), wall_time_s=wall[i], category="code",
+                             implementation=described[name][0], **source_columns(described[name][1]))
+                         for name, wall in walls.items() for i in range(2)])
+    rows = rows.assign(tokens_per_target_forward=1.0, ms_per_token=lambda f: 1000 * f.wall_time_s / 8)
     by_category = pd.DataFrame({"category": ["code", "code"], "method": ["lookup tree", "lookup chain"],
                                 "tokens_per_target_forward": [2.5, 2.0]})
     predictions = pd.DataFrame([{"category": "code", "source": s, "predicted_speedup": v, "implementation": "ours",
                                  **source_columns(src)}
                                 for s, v, src in (("chain", 2.0, lineups.prompt_lookup_source(10)),
                                                   ("tree", 3.0, lineups.prompt_lookup_tree_source(10, lookup_tree)))])
-    table = speculative_tables.tree_vs_chain(rows, methods, by_category, SimpleNamespace(table=predictions))
-    assert len(table) == 1  # no draft tree in the line-up: no line for the draft chain
+    table = speculative_tables.tree_vs_chain(rows, by_category, SimpleNamespace(table=predictions))
+    assert len(table) == 1  # no draft tree in the rows: no line for the draft chain
     line = table.iloc[0]
     assert (line.tree, line.chain, line.prompts) == ("lookup tree", "lookup chain", 2)
     assert line.speedup == pytest.approx(metrics.geometric_mean([1.25, 0.8]))

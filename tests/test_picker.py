@@ -152,6 +152,7 @@ def test_replay_ends_at_a_stop_token_a_proposal_runs_past():
 SHAPES = [
     [(-1, 0), (-1, 1), (0, 0), (0, 1), (1, 0), (2, 0)],  # two branches at the root and under the top child
     [(-1, 0), (-1, 1), (-1, 2), (0, 0), (1, 0), (3, 0), (3, 1)],
+    [(-1, 0), (0, 0), (1, 0), (2, 0), (-1, 1), (4, 0), (5, 0)],  # depth first: cut near the end, renumbered
 ]
 
 

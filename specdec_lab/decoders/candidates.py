@@ -16,7 +16,7 @@ from typing import Protocol
 import torch
 
 from specdec_lab.decoders.backend import engine, open_sequence
-from specdec_lab.decoders.trees import ancestors, depths, tree_problem
+from specdec_lab.decoders.trees import ancestors, depths, level_order, tree_problem
 from specdec_lab.cost_model import predicted_speedup
 from specdec_lab.method import SCHEDULES, HybridSettings
 from specdec_lab.sampling import Sampling, probabilities, sample
@@ -249,6 +249,7 @@ class DraftTreeCandidates:
             if problem or not shape or any(rank < 0 for _, rank in shape):
                 raise ValueError(f"a draft tree's shape is (parent, rank >= 0) per node, parents first, siblings of "
                                  f"distinct ranks: {problem or shape!r}")
+            shape = level_order(shape)  # cut at a depth, the tree is then a prefix of the list
             depth = max(depths([parent for parent, _ in shape]))
         self.model, self.depth, self.branching, self.beam, self.nodes = model, depth, branching, beam, nodes
         self.shape = shape
@@ -297,7 +298,7 @@ class DraftTreeCandidates:
     def _fill(self, root_logits, base, depth, sampling, rng) -> Candidates:
         """The fixed shape's nodes down to `depth`, filled in level by level (shape order = node order)."""
         node_depths = depths([parent for parent, _ in self.shape])
-        shape = [(parent, rank) for (parent, rank), d in zip(self.shape, node_depths) if d <= depth]
+        shape = self.shape[:sum(d <= depth for d in node_depths)]  # level order: the nodes down to `depth`
         parents = [parent for parent, _ in shape]
         token_ids, rows = [None] * len(shape), [None] * len(shape)
         logits_of, in_cache = {-1: root_logits}, []

@@ -79,6 +79,16 @@ def ancestors(parents: list[int], node: int) -> list[int]:
     return path[::-1]
 
 
+def level_order(shape: list[tuple[int, int]]) -> list[tuple[int, int]]:
+    """A fixed tree's (parent, rank) nodes reordered level by level (stable within a level), parents
+    renumbered: every level's nodes then follow the levels above, so cutting the tree at a depth keeps
+    a prefix of the list."""
+    node_depths = depths([parent for parent, _ in shape])
+    order = sorted(range(len(shape)), key=lambda node: node_depths[node])
+    number = {node: index for index, node in enumerate(order)}
+    return [(number[shape[node][0]] if shape[node][0] >= 0 else -1, shape[node][1]) for node in order]
+
+
 def tree_mask(cached: int, inputs: int, parents: list[int]) -> torch.Tensor:
     """Boolean (query, key) visibility of a forward over `inputs` new tokens then the tree's nodes,
     after `cached` tokens: every query sees the cache, the inputs see each other causally, a node sees

@@ -35,7 +35,7 @@ from specdec_lab import cost_model, data, hardware, metrics
 from specdec_lab.decoders import autoregressive
 from specdec_lab.decoders.candidates import (Candidates, DraftLength, HybridCandidates, PromptLookupCandidates,
                                             PromptLookupTreeCandidates, match_continuation)
-from specdec_lab.decoders.trees import children, depths, parents_of
+from specdec_lab.decoders.trees import children, depths, level_order, parents_of
 from specdec_lab.decoders.backend import open_sequence, vocab_size as output_rows
 from specdec_lab.decoders.common import clock
 from specdec_lab.experiments import lineups
@@ -119,7 +119,7 @@ class TeacherForcedTree:
     `widths` records the tokens each draft forward takes (the root's forward, then one per level)."""
 
     def __init__(self, forecast: DraftForecast, shape: Sequence[tuple[int, int]]):
-        self.forecast, self.shape = forecast, list(shape)
+        self.forecast, self.shape = forecast, level_order(list(shape))  # as `DraftTreeCandidates` orders it
         self.node_depths = depths([parent for parent, _ in self.shape])
         self.reset()
 
@@ -127,7 +127,7 @@ class TeacherForcedTree:
         self.forwards, self.widths = 0, []
 
     def propose(self, tokens, max_candidates, sampling, rng) -> Candidates:
-        kept = [node for node, depth in enumerate(self.node_depths) if depth <= max_candidates]
+        kept = range(sum(depth <= max_candidates for depth in self.node_depths))  # level order: a prefix
         if not kept:
             return Candidates([])
         position = len(tokens) - 1  # the forecast entry after the sequence's last token
@@ -139,11 +139,9 @@ class TeacherForcedTree:
             if hit:
                 on_path.add(node)
             token_ids.append(self.forecast.following[entry] if hit else -1 - node)  # -1 - node: never accepted
-        levels = max(self.node_depths[node] for node in kept)
-        grown = [sum(1 for node in kept if self.node_depths[node] == level and node in {p for p, _ in self.shape})
-                 for level in range(1, levels)]
-        self.widths += [1, *(width for width in grown if width)]
-        self.forwards += 1 + sum(1 for width in grown if width)
+        widths = grown_widths(self.shape[:len(kept)])  # one draft forward for each level that has children
+        self.widths += [1, *widths]
+        self.forwards += 1 + len(widths)
         return Candidates(token_ids, None, [self.shape[node][0] for node in kept])
 
     def update(self, tokens, num_accepted, num_proposed) -> None:

@@ -97,7 +97,7 @@ def measure(params: dict) -> Tables:
                                           all_rows)
         tables.picked = picked
     tables.per_category = per_category(tables)
-    tables.trees = tree_vs_chain(rows, methods, tables.by_category, picked) if params["tree_nodes"] else None
+    tables.trees = tree_vs_chain(rows, tables.by_category, picked) if params["tree_nodes"] else None
     common.write_outputs(params, NOTEBOOK, common.summary_lines(table, methods), headline(tables),
                          model=params["target"], dtype=target.precision)
     return tables
@@ -253,9 +253,8 @@ def fp32_control(params: dict, hybrid_settings: HybridSettings | None = None, tr
     return metrics.add_agreement(control, lineups.TARGET_AR)
 
 
-def markdown_by_category(results_dir: str) -> str:
-    """The per-category table of the newest run in `results_dir` (its complete prompts only): what
-    `python -m specdec_lab.experiments.speculative results/cpu` prints for the README."""
+def newest_complete_rows(results_dir: str) -> pd.DataFrame:
+    """The newest run's rows in `results_dir`, its complete prompts only, with agreement against AR."""
     path = common.results_file({"results_dir": results_dir}, NOTEBOOK, "methods.jsonl")
     rows = jsonl.read(path)
     if not rows:
@@ -269,9 +268,31 @@ def markdown_by_category(results_dir: str) -> str:
     names = [name for name, ids in prompts_of_decoder.items() if len(ids) == every]
     complete = [row for unit in bench.complete_units([r for r in newest if r["decoder"] in names], names).values()
                 for row in unit]
-    table = by_category(metrics.add_agreement(pd.DataFrame(complete), reference_decoder=lineups.TARGET_AR))
+    return metrics.add_agreement(pd.DataFrame(complete), reference_decoder=lineups.TARGET_AR)
+
+
+def markdown_by_category(results_dir: str) -> str:
+    """The per-category table of the newest run in `results_dir` (its complete prompts only): what
+    `python -m specdec_lab.experiments.speculative results/cpu` prints for the README."""
+    table = by_category(newest_complete_rows(results_dir))
     return words.markdown_table(readme_columns(table), {"tokens/s": ".2f", "tokens per target forward": ".2f",
                                                         "agreement with greedy": ".2f"})
+
+
+def markdown_trees(results_dir: str) -> str:
+    """Tree ÷ chain per kind of text and source from the newest run (measured; the picker's
+    predictions are in the notebook): `python -m specdec_lab.experiments.speculative results/cpu --trees`."""
+    rows = newest_complete_rows(results_dir)
+    table = tree_vs_chain(rows, by_category(rows))
+    if table.empty:
+        raise ValueError(f"no tree methods in the newest run of {results_dir}: run notebook 02 with tree_nodes > 0")
+    return words.markdown_table(pd.DataFrame({
+        "kind of text": table.category, "source": table.source_kind,
+        "tree ÷ chain (95% CI)": [words.interval(Speedup.from_line(line), compact=True, prompts=False)
+                                  for _, line in table.iterrows()],
+        "prompts": table.prompts, "tokens per forward, tree": table.tree_tokens_per_forward,
+        "tokens per forward, chain": table.chain_tokens_per_forward}),
+        {"tokens per forward, tree": ".2f", "tokens per forward, chain": ".2f"})
 
 
 def readme_columns(by_category: pd.DataFrame) -> pd.DataFrame:
@@ -286,4 +307,6 @@ def readme_columns(by_category: pd.DataFrame) -> pd.DataFrame:
 
 
 if __name__ == "__main__":
-    print(markdown_by_category(sys.argv[1] if len(sys.argv) > 1 else "results/cpu"))
+    arguments = [argument for argument in sys.argv[1:] if argument != "--trees"]
+    folder = arguments[0] if arguments else "results/cpu"
+    print(markdown_trees(folder) if "--trees" in sys.argv[1:] else markdown_by_category(folder))

@@ -225,27 +225,31 @@ def control_mismatches(control: pd.DataFrame) -> pd.DataFrame:
     return control[control.lossless & ~control.full_match.astype(bool)]
 
 
-def tree_vs_chain(rows: pd.DataFrame, methods: list[Method], by_category: pd.DataFrame,
-                  picked: Picked | None = None) -> pd.DataFrame:
-    """Per (category, source kind) with a tree method in the line-up: the tree's per-token speedup over
+def tree_vs_chain(rows: pd.DataFrame, by_category: pd.DataFrame, picked: Picked | None = None) -> pd.DataFrame:
+    """Per (category, source kind) with a tree method in the rows: the tree's per-token speedup over
     our chain of the same source (the first in line-up order), paired per prompt (geometric mean, 95%
     interval, prompts), each one's tokens per target forward, and with a picker the predicted ratio
-    (its predicted speedups of the two, from the held-out calibration prompts)."""
+    (its predicted speedups of the two, from the held-out calibration prompts). What a method is
+    comes from the rows' source columns."""
+    described = rows.drop_duplicates("decoder")
+    source_of = {line.decoder: source_from_columns(line, line.implementation) for _, line in described.iterrows()}
+    ours = [name for name, line in zip(described.decoder, described.implementation) if line == "ours"]
     forwards = by_category.set_index(["category", "method"]).tokens_per_target_forward
     records = []
-    for tree in [m for m in methods if m.source is not None and m.source.tree is not None]:
-        chain = next((m for m in methods if m.implementation == "ours" and m.source is not None
-                      and m.source.kind == tree.source.kind and m.source.tree is None), None)
+    for tree in [name for name in ours if source_of[name] is not None and source_of[name].tree is not None]:
+        kind = source_of[tree].kind
+        chain = next((name for name in ours if source_of[name] is not None and source_of[name].kind == kind
+                      and source_of[name].tree is None), None)
         if chain is None:
             continue
-        speed = metrics.speedups(rows[rows.decoder.isin([tree.name, chain.name])], chain.name)
-        for category, group in speed[speed.decoder == tree.name].groupby("category", sort=False):
+        speed = metrics.speedups(rows[rows.decoder.isin([tree, chain])], chain)
+        for category, group in speed[speed.decoder == tree].groupby("category", sort=False):
             ratio = metrics.over_prompts(group.groupby("prompt_id").speedup.median())
-            records.append({"category": category, "source_kind": tree.source.kind, "tree": tree.name,
-                            "chain": chain.name, **ratio.columns(),
-                            "tree_tokens_per_forward": forwards.get((category, tree.name), float("nan")),
-                            "chain_tokens_per_forward": forwards.get((category, chain.name), float("nan")),
-                            "predicted": predicted_ratio(picked, category, tree.source, chain.source)})
+            records.append({"category": category, "source_kind": kind, "tree": tree, "chain": chain,
+                            **ratio.columns(),
+                            "tree_tokens_per_forward": forwards.get((category, tree), float("nan")),
+                            "chain_tokens_per_forward": forwards.get((category, chain), float("nan")),
+                            "predicted": predicted_ratio(picked, category, source_of[tree], source_of[chain])})
     return pd.DataFrame(records)
 
 
