@@ -77,17 +77,29 @@ def category_speedups(table: pd.DataFrame, title: str = "Speedup over AR by kind
 
 def tree_vs_chain(table: pd.DataFrame, title: str = "Token trees against chains of the same source"):
     """One panel per source kind: per kind of text, the tree's speedup over the chain (per-token time,
-    paired per prompt, geometric mean, 95% interval) as bars, the picker's prediction as a diamond."""
+    paired per prompt, geometric mean) as a dot with its 95% interval, the picker's prediction as a
+    hollow diamond; each line's value and prompt count written beside the panel. Ratios sit near 1, so
+    the axis spans the intervals, not 0 to them."""
     kinds = list(dict.fromkeys(table.source_kind))
     fig, axes = plt.subplots(1, len(kinds), figsize=(6.5 * len(kinds), 0.6 * table.category.nunique() + 1.8),
                              squeeze=False, sharex=True)
     for ax, kind in zip(axes[0], kinds):
         part = table[table.source_kind == kind].reset_index(drop=True)
-        interval_bars(ax, part.category, part, colors=sns.color_palette("tab10", len(part)))
+        y = list(range(len(part)))
+        errors = [(part.speedup - part.speedup_low).fillna(0).clip(lower=0),
+                  (part.speedup_high - part.speedup).fillna(0).clip(lower=0)]
+        ax.errorbar(part.speedup, y, xerr=errors, fmt="o", color="tab:blue", capsize=3, label="measured (95% CI)")
         if part.predicted.notna().any():
-            ax.scatter(part.predicted, range(len(part)), marker="D", color="black", zorder=3, label="predicted")
-            ax.legend(loc="lower right", fontsize=8)
+            ax.scatter(part.predicted, y, marker="D", facecolors="none", edgecolors="black", zorder=3,
+                       label="predicted by the picker")
+        for row, line in part.iterrows():
+            ax.annotate(f"{line.speedup:.2f}x (n={int(line.prompts)})", (1.02, row), xycoords=("axes fraction", "data"),
+                        va="center", fontsize=8)
+        ax.axvline(1.0, color="gray", linestyle="--")
+        ax.set_yticks(y, part.category)
+        ax.invert_yaxis()
         ax.set(title=kind, xlabel="chain ms/token ÷ tree ms/token", ylabel="")
+        ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.25), ncol=2, fontsize=8, frameon=False)
     return _finish(fig, title)
 
 
