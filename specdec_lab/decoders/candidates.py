@@ -301,7 +301,7 @@ class DraftTreeCandidates:
         shape = self.shape[:sum(d <= depth for d in node_depths)]  # level order: the nodes down to `depth`
         parents = [parent for parent, _ in shape]
         token_ids, rows = [None] * len(shape), [None] * len(shape)
-        logits_of, in_cache = {-1: root_logits}, []
+        logits_of, in_cache, has_children = {-1: root_logits}, [], set(parents)
         for level in range(1, depth + 1):
             for parent in sorted({parents[node] for node in range(len(shape)) if node_depths[node] == level}):
                 if parent not in logits_of:
@@ -318,7 +318,7 @@ class DraftTreeCandidates:
                 for node, token in zip(below, chosen):
                     token_ids[node], rows[node] = token, q
             grow = [node for node in range(len(shape))
-                    if node_depths[node] == level and node in set(parents) and token_ids[node] is not None]
+                    if node_depths[node] == level and node in has_children and token_ids[node] is not None]
             if grow:
                 frontier, in_cache = self._grow(grow, token_ids, parents, base, in_cache)
                 logits_of.update(frontier)

@@ -199,7 +199,7 @@ class LlamaCppSequence:
             if positions is None:
                 raise ValueError("a masked forward needs the tokens' positions (the mask alone does not say them)")
             positions = [int(p) for p in positions]
-            sequence_ids, causal = self._sequences_for_mask(visible, positions)
+            sequence_ids, causal, seen = self._sequences_for_mask(visible, positions)
         try:
             logits = self._decode(token_ids, positions, sequence_ids, rows)
         except BaseException:
@@ -208,7 +208,7 @@ class LlamaCppSequence:
         self.length = start + n
         if visible is not None:
             self._causal_length = start + causal
-        self._last_forward = (start, None if visible is None else visible[:, start:].to(torch.bool).tolist())
+        self._last_forward = (start, None if visible is None else seen)
         return logits
 
     def _decode(self, token_ids, positions: list[int], sequence_ids: list[list[int]], rows: list[int]) -> torch.Tensor:
@@ -250,10 +250,12 @@ class LlamaCppSequence:
         llama_cpp.llama_memory_seq_rm(self.memory, 0, start, -1)
         self._mask_sequences, self._causal_length = [], None
 
-    def _sequences_for_mask(self, visible: torch.Tensor, positions: list[int]) -> tuple[list[list[int]], int]:
-        """Sequence ids per token that give llama.cpp's mask the visibility of `visible`, and the
+    def _sequences_for_mask(self, visible: torch.Tensor, positions: list[int]
+                            ) -> tuple[list[list[int]], int, list[list[bool]]]:
+        """Sequence ids per token that give llama.cpp's mask the visibility of `visible`, the
         length of the leading causal run (tokens at consecutive positions that see exactly the
-        tokens before them: they stay on sequence 0 and may stay in the cache)."""
+        tokens before them: they stay on sequence 0 and may stay in the cache), and the mask over
+        the new tokens as lists (what `retain` reads)."""
         cached, n = self.length, len(positions)
         visible = visible.to(torch.bool).cpu()
         if tuple(visible.shape) != (n, cached + n):
@@ -292,7 +294,7 @@ class LlamaCppSequence:
                 raise ValueError(f"query {i} sees positions {reached}: llama.cpp needs the positions a query sees "
                                  f"to run on from the cache ({cached}) without gaps")
         self._mask_sequences = own[causal:]
-        return sequence_ids, causal
+        return sequence_ids, causal, seen
 
     def retain(self, rows: Sequence[int]) -> None:
         """Keep the cache from before the last forward plus its `rows` (ascending): the forward's causal
