@@ -245,7 +245,8 @@ class DraftTreeCandidates:
                                  "(e.g. depth=5, branching=3, beam=4, nodes=16)")
         if shape is not None:
             shape = [(int(parent), int(rank)) for parent, rank in shape]
-            problem = tree_problem([rank for _, rank in shape], [parent for parent, _ in shape])  # siblings: distinct ranks
+            # siblings of distinct ranks, as siblings of distinct tokens
+            problem = tree_problem([rank for _, rank in shape], [parent for parent, _ in shape])
             if problem or not shape or any(rank < 0 for _, rank in shape):
                 raise ValueError(f"a draft tree's shape is (parent, rank >= 0) per node, parents first, siblings of "
                                  f"distinct ranks: {problem or shape!r}")
@@ -309,7 +310,8 @@ class DraftTreeCandidates:
                 below = [node for node in range(len(shape)) if parents[node] == parent]
                 logits = logits_of[parent]
                 if sampling.greedy:  # the ranks the shape asks for, from the draft's logits
-                    ranked = logits.topk(min(max(shape[node][1] for node in below) + 1, logits.shape[-1])).indices.tolist()
+                    wanted = min(max(shape[node][1] for node in below) + 1, logits.shape[-1])
+                    ranked = logits.topk(wanted).indices.tolist()
                     chosen, q = [ranked[min(shape[node][1], len(ranked) - 1)] for node in below], None
                 else:
                     q = probabilities(logits, sampling)
