@@ -185,6 +185,27 @@ def source_from_columns(columns, implementation: str) -> CandidateSource | None:
     return CandidateSource(implementation=implementation, **plain, **nested)
 
 
+def short_label(source: CandidateSource | None, role: str, implementation: str = "ours") -> str:
+    """A few words for a narrow table or a token view: the source's kind and its main setting, and
+    whose loop it is when not the kit's ("draft k=5 · transformers")."""
+    if source is None:
+        text = {"target AR": "AR", "draft AR": "draft AR", "lossy": "draft-then-score"}.get(role, role)
+    elif source.tree is not None:
+        text = f"{'lookup' if source.kind == 'prompt lookup' else 'draft'} tree ({source.tree.nodes} nodes)"
+    elif source.kind in ("draft model", "draft model, other tokenizer"):
+        text = ("draft" if source.kind == "draft model" else "other-tokenizer draft") + f" k={source.k}" + (
+            " adaptive" if source.schedule == "heuristic" else "")
+    elif source.kind == "prompt lookup":
+        text = f"lookup k={source.k}" + (f" {source.match}" if source.match not in (None, "longest") else "")
+    elif source.kind == "lookahead":
+        text = f"lookahead {source.lookahead.label()}" if source.lookahead else "lookahead"
+    elif source.kind == "jacobi":
+        text = f"Jacobi n={source.block_size}"
+    else:
+        text = source.kind
+    return text if implementation == "ours" else f"{text} · {implementation}"
+
+
 @dataclass(frozen=True)
 class Weights:
     """Which weights a method runs: the model's role, its quantization (of the target, for a pair)
@@ -235,6 +256,10 @@ class Method:
 
     def __call__(self, prompt_ids) -> GenerationResult:
         return self.decode(prompt_ids)
+
+    @property
+    def short_label(self) -> str:
+        return short_label(self.source, self.role, self.implementation)
 
     def labels(self) -> dict:
         """What a result row records about the method: its declared properties, then its source's

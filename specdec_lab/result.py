@@ -4,6 +4,35 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 
+# --- where each generated token came from (the token views) --------------------------------------------
+# The target's own token: an AR step, the bonus after every proposal of a step was accepted, or a step
+# that proposed nothing.
+TARGET = "target"
+# The target's own token where a proposal (or a Jacobi guess) for that position was rejected.
+CORRECTION = "correction"
+# Accepted proposals, by candidate source.
+DRAFT_MODEL = "draft model"
+PROMPT_LOOKUP = "prompt lookup"
+LOOKAHEAD_NGRAM = "lookahead n-gram"
+PROPOSAL = "proposal"  # a candidate source that does not name itself
+# Jacobi: guesses the iteration confirmed beyond its first token; "stationary" ones were already right
+# in an earlier iteration, while a token before them was still wrong (the CLLM paper's terms).
+FAST_FORWARD = "fast-forwarded"
+STATIONARY = "stationary"
+# Draft-then-score: the draft's text, never verified token by token (not lossless).
+UNVERIFIED_DRAFT = "unverified draft"
+SIDE_BRANCH = ", side branch"  # appended to a tree's accepted token that was not its parent's first child
+ACCEPTED_ORIGINS = (DRAFT_MODEL, PROMPT_LOOKUP, LOOKAHEAD_NGRAM, PROPOSAL, FAST_FORWARD, STATIONARY)
+
+
+def side_branch(origin: str) -> str:
+    return origin + SIDE_BRANCH
+
+
+def is_accepted_proposal(origin: str) -> bool:
+    """A token the target accepted from a proposal or a guess (not one it wrote itself)."""
+    return origin.removesuffix(SIDE_BRANCH) in ACCEPTED_ORIGINS
+
 
 @dataclass
 class BlockTrace:
@@ -62,6 +91,17 @@ class GenerationResult:
     peak_memory_bytes: int | None = None  # peak while decoding above what was held at its start (RSS / CUDA allocated)
     jacobi: JacobiStats | None = None  # Jacobi decoding's per-block statistics
     extras: dict = field(default_factory=dict)  # other method-specific details (draft-then-score's score)
+    # per generated token: where it came from (the origins above) and the target forward that yielded it
+    # (0: the prefill). Empty where a decoder cannot say (the peers' own loops).
+    token_origins: list[str] = field(default_factory=list)
+    token_steps: list[int] = field(default_factory=list)
+
+    def __post_init__(self):
+        for name in ("token_origins", "token_steps"):
+            labels = getattr(self, name)
+            if labels and len(labels) != len(self.tokens):
+                raise ValueError(f"{name} has {len(labels)} entries for {len(self.tokens)} tokens: a decoder "
+                                 f"must label every generated token, or none")
 
     @property
     def num_tokens(self) -> int:

@@ -47,6 +47,7 @@ def dump_dom(page: Path, tmp_path: Path) -> str:
 
 
 IN_CI = os.environ.get("CI") == "true"
+TOKEN_VIEWS = {"02_speculative", "03_quantized", "04_cllm"}  # the reports that show each method's text token by token
 
 
 @pytest.mark.integration
@@ -62,6 +63,8 @@ def test_index_and_every_report_render_with_figures_and_no_errors(smoke_reports,
         dom = dump_dom(smoke_reports / f"{stem}.html", tmp_path)
         assert "Traceback" not in dom and "This step stopped" not in dom, stem
         assert dom.count("<img") >= 1, f"{stem} shows no figure"
+        if stem in TOKEN_VIEWS:  # the text token by token, with its legend and a tooltip per token
+            assert 'class="tv-legend"' in dom and 'title="step 0' in dom, f"{stem} shows no token view"
         assert "highlight hl-ipython3" not in dom, f"{stem}: code should be hidden in the default render"
         assert "highlight hl-ipython3" in (smoke_reports / f"{stem}.code.html").read_text()
 

@@ -11,7 +11,7 @@ import torch
 
 from specdec_lab.decoders.backend import Sequence, open_sequence
 from specdec_lab.decoders.common import DecodingRun
-from specdec_lab.result import GenerationResult
+from specdec_lab.result import TARGET, GenerationResult
 from specdec_lab.sampling import GREEDY, Sampling, next_token
 
 
@@ -57,4 +57,6 @@ def generate(
         accepted_per_step=[0] * (len(tokens) - 1),
         proposed_per_step=[0] * (len(tokens) - 1),
         target_forwards=len(tokens),  # the prefill yields the first token, then one pass per token
+        token_origins=[TARGET] * len(tokens),
+        token_steps=list(range(len(tokens))),
     )

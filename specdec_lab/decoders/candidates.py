@@ -10,7 +10,7 @@ the target accepted. A draft model and prompt lookup plug in behind it, as chain
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Protocol
 
 import torch
@@ -19,6 +19,7 @@ from specdec_lab.decoders.backend import engine, open_sequence
 from specdec_lab.decoders.trees import ancestors, depths, level_order, tree_problem
 from specdec_lab.cost_model import predicted_speedup
 from specdec_lab.method import SCHEDULES, HybridSettings
+from specdec_lab.result import DRAFT_MODEL, PROMPT_LOOKUP
 from specdec_lab.sampling import Sampling, probabilities, sample
 
 
@@ -32,10 +33,14 @@ class Candidates:
     # None: a chain, token i under token i - 1. In a tree, `probs` row i is the distribution node i
     # was drawn from (its parent's), before its earlier siblings were taken out of it.
     parents: list[int] | None = None
+    # where each token came from (`result` origins), where one record mixes sources (the hybrid's
+    # looked-up tokens continued by the draft); None: the generator's `origin`, for every token
+    origins: list[str] | None = None
 
 
 class CandidateGenerator(Protocol):
     forwards: int  # model forward passes spent proposing since reset()
+    origin: str  # what its accepted tokens are labelled in the token views (`result.DRAFT_MODEL`, ...)
 
     def reset(self, vocab_size: int) -> None: ...
 
@@ -71,6 +76,8 @@ class DraftModelCandidates:
     whatever of the sequence is not cached yet (the whole prompt on the first call, then the 1-2
     tokens the target added), so no prefix is ever re-encoded.
     """
+
+    origin = DRAFT_MODEL
 
     def __init__(self, model, k: int = 5, schedule: str = "constant", confidence_threshold: float = 0.0):
         if not 0.0 <= confidence_threshold < 1.0:
@@ -137,6 +144,7 @@ class PromptLookupCandidates:
     """
 
     MATCH_KINDS = 4  # match lengths 1, 2, 3 and "4 or more" are told apart
+    origin = PROMPT_LOOKUP
 
     def __init__(self, k: int = 10, max_ngram: int = 3, min_ngram: int = 1, match: str = "longest",
                  min_accepted_per_step: float = 0.25, min_tries: int = 4):
@@ -236,6 +244,8 @@ class DraftTreeCandidates:
     leave it after every proposal. On llama.cpp, where a masked forward's cells cannot stay for the next
     one, each level's forward also re-feeds the nodes above it.
     """
+
+    origin = DRAFT_MODEL
 
     def __init__(self, model, depth: int = 5, branching: int = 3, beam: int = 4, nodes: int = 16,
                  shape: Sequence[tuple[int, int]] | None = None):
@@ -542,12 +552,12 @@ class HybridCandidates:
                 drafted = self.draft.propose(list(tokens) + looked_up, room, sampling, rng)
                 self._seen(len(tokens) + len(looked_up), drafted)
                 return self._chosen(self._joined(looked_up, drafted, sampling))
-            return self._chosen(Candidates(looked_up))
+            return self._chosen(Candidates(looked_up, origins=[PROMPT_LOOKUP] * len(looked_up)))
         if pays or explore:
             self.source = "draft model"
             drafted = self.draft.propose(tokens, max_candidates, sampling, rng)
             self._seen(len(tokens), drafted)
-            return self._chosen(drafted)
+            return self._chosen(replace(drafted, origins=[DRAFT_MODEL] * len(drafted.token_ids)))
         return self._chosen(Candidates([]))
 
     def _seen(self, length: int, drafted: Candidates) -> None:
@@ -562,14 +572,15 @@ class HybridCandidates:
     @staticmethod
     def _joined(looked_up: list[int], drafted: Candidates, sampling: Sampling) -> Candidates:
         """Looked-up tokens then drafted ones; under sampling, q is one-hot on each looked-up token."""
+        origins = [PROMPT_LOOKUP] * len(looked_up) + [DRAFT_MODEL] * len(drafted.token_ids)
         if sampling.greedy or drafted.probs is None:
-            return Candidates(looked_up + drafted.token_ids)
+            return Candidates(looked_up + drafted.token_ids, origins=origins)
         # a draft head narrower than the target's may not cover a looked-up id: pad q (zero mass) to it
         width = max(drafted.probs.shape[-1], max(looked_up) + 1)
         q = torch.nn.functional.pad(drafted.probs, (0, width - drafted.probs.shape[-1]))
         one_hot = torch.zeros(len(looked_up), width, device=q.device)
         one_hot[torch.arange(len(looked_up)), torch.tensor(looked_up)] = 1.0
-        return Candidates(looked_up + drafted.token_ids, torch.cat([one_hot, q]))
+        return Candidates(looked_up + drafted.token_ids, torch.cat([one_hot, q]), origins=origins)
 
     def update(self, tokens, num_accepted, num_proposed) -> None:
         self.draft.update(tokens, 0, 0)  # the draft's cache back to the accepted prefix, whoever proposed

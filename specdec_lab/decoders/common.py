@@ -46,6 +46,26 @@ def cut_at_stop(tokens: list[int], stop_ids: Iterable[int]) -> tuple[list[int], 
 
 
 @dataclass
+class Provenance:
+    """Where each generated token came from, built beside the tokens a step at a time:
+
+        provenance.add(step, [DRAFT_MODEL, DRAFT_MODEL, CORRECTION])  # what step `step` yielded
+        run.result(tokens, **provenance.cut(len(tokens)))
+    """
+
+    origins: list[str] = field(default_factory=list)
+    steps: list[int] = field(default_factory=list)
+
+    def add(self, step: int, origins: list[str]) -> None:
+        self.origins += origins
+        self.steps += [step] * len(origins)
+
+    def cut(self, length: int) -> dict:
+        """The result fields for the first `length` tokens (a stop token or max_new_tokens cut the rest)."""
+        return {"token_origins": self.origins[:length], "token_steps": self.steps[:length]}
+
+
+@dataclass
 class DecodingRun:
     """Everything around a decode loop, done once for every decoder:
 

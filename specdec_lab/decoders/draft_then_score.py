@@ -16,7 +16,7 @@ from specdec_lab.decoders import autoregressive
 from specdec_lab.decoders.backend import open_sequence, stop_token_ids
 from specdec_lab.decoders.common import DecodingRun
 from specdec_lab.quality import nll_from_logits
-from specdec_lab.result import GenerationResult
+from specdec_lab.result import UNVERIFIED_DRAFT, GenerationResult
 from specdec_lab.sampling import GREEDY, Sampling
 
 
@@ -46,4 +46,6 @@ def generate(
         target_forwards=0,
         draft_forwards=len(tokens),  # the draft's prefill and one pass per further token
         extras={"target_scoring_passes": 1, "target_mean_log_likelihood": score},
+        token_origins=[UNVERIFIED_DRAFT] * len(tokens),
+        token_steps=list(range(len(tokens))),  # the draft's steps: the target verified none of them
     )

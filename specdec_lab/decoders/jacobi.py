@@ -26,9 +26,10 @@ import torch
 
 from specdec_lab.decoders.autoregressive import prefill
 from specdec_lab.decoders.backend import Sequence, open_sequence
-from specdec_lab.decoders.common import DecodingRun, cut_at_stop
+from specdec_lab.decoders.common import DecodingRun, Provenance, cut_at_stop
 from specdec_lab.quality import common_prefix_length
-from specdec_lab.result import BlockTrace, GenerationResult, JacobiBlock, JacobiStats
+from specdec_lab.result import (CORRECTION, FAST_FORWARD, STATIONARY, TARGET, BlockTrace, GenerationResult,
+                                JacobiBlock, JacobiStats)
 
 INITS = ("prompt_tokens", "repeat_last")
 
@@ -51,10 +52,10 @@ def count_fixed(open_block: list[int], predictions: list[int]) -> int:
     return fixed
 
 
-def stationary_tokens(states: list[list[int]], fixed_point: list[int]) -> int:
-    """Positions that were already correct, and stayed unchanged, while an earlier token was still
-    wrong (the paper's "stationary tokens"): their correct-from iteration precedes their fixed-at one."""
-    count = 0
+def stationary_positions(states: list[list[int]], fixed_point: list[int]) -> list[bool]:
+    """For each position: was it already correct, and did it stay unchanged, while an earlier token was
+    still wrong (the paper's "stationary tokens")? Its correct-from iteration precedes its fixed-at one."""
+    stationary = []
     for position in range(len(fixed_point)):
         correct_from = len(states)  # first iteration from which the position is correct for good
         for iteration in range(len(states) - 1, -1, -1):
@@ -63,8 +64,12 @@ def stationary_tokens(states: list[list[int]], fixed_point: list[int]) -> int:
             correct_from = iteration
         fixed_at = next((j for j, s in enumerate(states) if common_prefix_length(s, fixed_point) > position),
                         len(states))
-        count += correct_from < fixed_at
-    return count
+        stationary.append(correct_from < fixed_at)
+    return stationary
+
+
+def stationary_tokens(states: list[list[int]], fixed_point: list[int]) -> int:
+    return sum(stationary_positions(states, fixed_point))
 
 
 def block_statistics(trace: BlockTrace) -> JacobiBlock:
@@ -124,9 +129,13 @@ def generate(
     sequence = open_sequence(model)
     tokens: list[int] = []  # fixed generated tokens; the cache holds prompt + tokens
     accepted_per_step, proposed_per_step, traces = [], [], []
+    # per token: the prefill yields the first; iteration s confirms guesses (fast-forwarded) and yields
+    # the next certain token, a correction where the guess at its position was wrong
+    provenance = Provenance()
 
     with run:
         known = int(prefill(sequence, prompt_ids).argmax(-1))  # the next token, certain
+        provenance.add(0, [TARGET])
         run.first_token_done()
         stopped = known in stop_ids or max_new_tokens == 1
         while not stopped:
@@ -140,6 +149,8 @@ def generate(
                 state, fixed, known = jacobi_iteration(sequence, state, fixed_in_block,
                                                        len(prompt_ids) + len(tokens) + fixed_in_block)
                 fixed_in_block += fixed
+                provenance.add(len(accepted_per_step) + 1,
+                               [FAST_FORWARD] * (fixed - 1) + [CORRECTION if fixed_in_block < length else TARGET])
                 trace.fixed_per_iteration.append(fixed)
                 accepted_per_step.append(fixed - 1)
                 certain = state[fixed_in_block - fixed: fixed_in_block] + [known]
@@ -152,6 +163,7 @@ def generate(
             trace.fixed_point, _ = cut_at_stop(trace.fixed_point, stop_ids)
             tokens += state[:fixed_in_block]
             traces.append(_cut_trace(trace))
+            mark_stationary(provenance, traces[-1])
         generated, _ = cut_at_stop(tokens + [known], stop_ids)
         generated = generated[:max_new_tokens]
 
@@ -163,7 +175,15 @@ def generate(
         proposed_per_step=proposed_per_step,
         target_forwards=1 + len(accepted_per_step),
         jacobi=statistics,
+        **provenance.cut(len(generated)),
     )
+
+
+def mark_stationary(provenance: Provenance, trace: BlockTrace) -> None:
+    """Relabel the block's fast-forwarded tokens that were stationary."""
+    for position, stationary in enumerate(stationary_positions(trace.states, trace.fixed_point)):
+        if stationary and provenance.origins[trace.start + position] == FAST_FORWARD:
+            provenance.origins[trace.start + position] = STATIONARY
 def _cut_trace(trace: BlockTrace) -> BlockTrace:
     """States cut to the length of the (possibly truncated) fixed point, so they compare position by position."""
     n = len(trace.fixed_point)

@@ -37,9 +37,9 @@ from dataclasses import dataclass, field, fields
 import torch
 
 from specdec_lab.decoders.backend import Sequence as KVSequence, engine, open_sequence, vocab_size
-from specdec_lab.decoders.common import DecodingRun, cut_at_stop
+from specdec_lab.decoders.common import DecodingRun, Provenance, cut_at_stop
 from specdec_lab.method import LookaheadConfig
-from specdec_lab.result import GenerationResult
+from specdec_lab.result import CORRECTION, LOOKAHEAD_NGRAM, TARGET, GenerationResult
 
 
 # --- the n-gram pool --------------------------------------------------------------------------------
@@ -253,7 +253,7 @@ def generate(
         for start in range(len(prompt_ids) - ngram_size + 1):
             pool.add(prompt_ids[start:start + ngram_size])
     levels = [[rng.choice(prompt_ids) for _ in range(window)]]  # level 0; the window fills a level a step
-    accepted_per_step, proposed_per_step, verified = [], [], 0
+    accepted_per_step, proposed_per_step, verified, provenance = [], [], 0, Provenance()
 
     with run:
         inputs, generated, stopped = list(prompt_ids), [], False
@@ -262,6 +262,10 @@ def generate(
             ngrams = [c[:left - 1] for c in pool.candidates(inputs[-1], candidates)] if left > 1 else []
             ngrams = [c for c in ngrams if c]
             new_tokens, accepted, newest = lookahead_step(sequence, inputs, levels, ngrams)
+            # the model's own token is a correction where an n-gram agreeing with the accepted tokens
+            # proposed another token for its position
+            rejected = any(len(ngram) > accepted and list(ngram[:accepted]) == new_tokens[:accepted] for ngram in ngrams)
+            provenance.add(len(accepted_per_step), [LOOKAHEAD_NGRAM] * accepted + [CORRECTION if rejected else TARGET])
             levels = advance_window(levels, newest, ngram_size, pool)
             new_tokens, stopped = cut_at_stop(new_tokens, run.stop_ids)
             if not generated:
@@ -279,4 +283,5 @@ def generate(
         target_forwards=len(accepted_per_step),
         extras={"ngrams_verified": verified, "pool_size": len(pool),
                 "window": window, "ngram_size": ngram_size, "candidates": candidates},
+        **provenance.cut(len(generated)),
     )

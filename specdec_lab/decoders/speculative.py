@@ -19,9 +19,9 @@ import torch
 
 from specdec_lab.decoders.candidates import CandidateGenerator, Candidates
 from specdec_lab.decoders.backend import Sequence, open_sequence, vocab_size
-from specdec_lab.decoders.common import DecodingRun, cut_at_stop
-from specdec_lab.decoders.trees import is_chain, verify_tree
-from specdec_lab.result import GenerationResult
+from specdec_lab.decoders.common import DecodingRun, Provenance, cut_at_stop
+from specdec_lab.decoders.trees import is_chain, parents_of, step_origins, verify_tree
+from specdec_lab.result import PROPOSAL, GenerationResult
 from specdec_lab.sampling import GREEDY, Sampling, next_token, probabilities, sample
 
 
@@ -65,16 +65,14 @@ def accept_sampled(
     return n, int(sample(p[n], rng))
 
 
-def speculative_step(
-    target: Sequence, tokens: list[int], candidates: Candidates, sampling: Sampling, rng
-) -> tuple[list[int], int]:
+def verify(target: Sequence, tokens: list[int], candidates: Candidates, sampling: Sampling, rng
+           ) -> tuple[list[int], int]:
     """Verify `candidates` after `tokens` in one target forward over what the cache does not hold
     yet (the whole prompt on the first step, then the last token) plus the candidates; roll the
-    target cache back to the accepted prefix. Returns (accepted candidate tokens, the target's next
-    token). On exit the cache holds every token but the last."""
+    target cache back to the accepted prefix. Returns (the accepted candidates' indices, the target's
+    next token). On exit the cache holds every token but the last."""
     if not is_chain(candidates):
-        path, token = verify_tree(target, tokens, candidates, sampling, rng)
-        return [candidates.token_ids[node] for node in path], token
+        return verify_tree(target, tokens, candidates, sampling, rng)
     block = [*tokens[target.length:], *candidates.token_ids]
     logits = target.forward(block, keep=len(candidates.token_ids) + 1)
     if sampling.greedy:
@@ -82,7 +80,15 @@ def speculative_step(
     else:
         accepted, token = accept_sampled(logits, candidates, sampling, rng)
     target.crop(len(tokens) + accepted)
-    return candidates.token_ids[:accepted], token
+    return list(range(accepted)), token
+
+
+def speculative_step(
+    target: Sequence, tokens: list[int], candidates: Candidates, sampling: Sampling, rng
+) -> tuple[list[int], int]:
+    """`verify`, returning (accepted candidate tokens, the target's next token)."""
+    path, token = verify(target, tokens, candidates, sampling, rng)
+    return [candidates.token_ids[node] for node in path], token
 
 
 @torch.inference_mode()
@@ -101,7 +107,7 @@ def generate(
     rng = None if sampling.greedy else sampling.generator(run.device)
     target_sequence = open_sequence(target)
     candidate_generator.reset(vocab_size=vocab_size(target))  # no state from an earlier prompt
-    accepted_per_step, proposed_per_step = [], []
+    accepted_per_step, proposed_per_step, provenance = [], [], Provenance()
 
     with run:
         tokens, generated, stopped = list(run.prompt_ids), [], False
@@ -109,9 +115,11 @@ def generate(
             # at most (left - 1) candidates, so candidates + the target's own token still fit
             left = max_new_tokens - len(generated)
             candidates = candidate_generator.propose(tokens, left - 1, sampling, rng)
-            accepted_tokens, token = speculative_step(target_sequence, tokens, candidates, sampling, rng)
-            accepted = len(accepted_tokens)
-            new_tokens, stopped = cut_at_stop(accepted_tokens + [token], run.stop_ids)
+            path, token = verify(target_sequence, tokens, candidates, sampling, rng)
+            accepted = len(path)
+            new_tokens, stopped = cut_at_stop([*(candidates.token_ids[node] for node in path), token], run.stop_ids)
+            provenance.add(len(accepted_per_step), step_origins(origins_of(candidates, candidate_generator),
+                                                                parents_of(candidates), path))
             if not generated:
                 run.first_token_done()  # the same event as transformers' assisted generation
             tokens += new_tokens
@@ -128,4 +136,13 @@ def generate(
         draft_forwards=candidate_generator.forwards,
         # a source that chooses per step (the hybrid) says what it chose
         extras={"sources": dict(Counter(candidate_generator.sources))} if hasattr(candidate_generator, "sources") else {},
+        **provenance.cut(len(generated)),
     )
+
+
+def origins_of(candidates: Candidates, candidate_generator) -> list[str]:
+    """The source of every proposed token: the record's own labels (the hybrid's, per token), else the
+    generator's one source."""
+    if candidates.origins is not None:
+        return candidates.origins
+    return [getattr(candidate_generator, "origin", PROPOSAL)] * len(candidates.token_ids)

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import torch
 
+from specdec_lab.result import CORRECTION, TARGET, side_branch
 from specdec_lab.sampling import Sampling, probabilities, sample
 
 
@@ -179,3 +180,13 @@ def verify_tree(sequence, tokens: list[int], candidates, sampling: Sampling, rng
         path, token = accept_tree_sampled(logits, candidates, sampling, rng)
     sequence.retain([*range(len(inputs)), *(len(inputs) + node for node in path)])
     return path, token
+
+
+def step_origins(origins: list[str], parents: list[int], path: list[int]) -> list[str]:
+    """Where each token of a verified step came from: every accepted node's source (marked as a side
+    branch where the node was not its parent's first child), then the target's own token, a correction
+    where a child of the path's last node was proposed and rejected."""
+    below = children(parents)
+    accepted = [origins[node] if below[parents[node] + 1][0] == node else side_branch(origins[node]) for node in path]
+    last = path[-1] if path else -1
+    return [*accepted, CORRECTION if below[last + 1] else TARGET]

@@ -14,8 +14,9 @@ import pandas as pd
 import torch
 from tqdm.auto import tqdm
 
-from specdec_lab import data, hardware, metrics, models, quality
+from specdec_lab import data, hardware, metrics, models, quality, token_view
 from specdec_lab.cllm import train, trajectories
+from specdec_lab.decoders import jacobi
 from specdec_lab.decoders.backend import stop_token_ids
 from specdec_lab.experiments import common, lineups
 from specdec_lab.experiments.cllm_tables import (Tables, accuracy, block_summary, block_table, break_even_table,
@@ -118,6 +119,8 @@ def run(params: dict) -> Tables:
     summary = common.summary_lines(table, methods)
     seen_rows = measure_training_prompts(params, base, cllm, train_set, trained.kept, measured)
     nll = held_out_nll({"base": base, "CLLM": cllm}, rows, held_out_set)
+    views = token_view.views_of_rows(rows, base.tokenizer)
+    converging = block_trajectories({"base model": base, "CLLM": cllm}, held_out_set[0], params)
     del cllm, methods, base
     curve = learning_curve(params, trained, rows, held_out_set, measured)
 
@@ -126,6 +129,7 @@ def run(params: dict) -> Tables:
     tables = assemble(params, train_set, held_out_set, trained, rows, table, seen_rows, nll, cost_curves)
     add_accuracy(tables, params, rows, pretrained_rows)
     tables.learning_curve = curve
+    tables.token_views, tables.trajectories = views, converging
     if reference_rows is not None:
         tables.reference_precision = reference_precision
         tables.reference_table = metrics.summary(reference_rows, baseline=lineups.BASE_AR)
@@ -134,6 +138,24 @@ def run(params: dict) -> Tables:
     common.write_outputs(params, NOTEBOOK, summary, headline(tables), dtype=dtype,
                          model=f"{model} fine-tuned on reference answers" if params["sft_steps"] else model)
     return tables
+
+
+def block_trajectories(loaded: dict[str, LoadedModel], prompt: data.Prompt, params: dict) -> token_view.HTML:
+    """Each model's Jacobi block of `prompt` that fixed the most tokens beyond one an iteration, as it
+    converged (an untimed decode with the trajectory kept: what the CLLM trains on)."""
+    parts = []
+    for label, model in loaded.items():
+        result = jacobi.generate(model.model, data.encode(model.tokenizer, prompt), params["max_new_tokens"],
+                                 block_size=params["block_size"], init=params["init"], record_states=True)
+        traces = result.jacobi.traces
+        if not traces:  # the first token ended the answer: no block to show
+            continue
+        best = max(range(len(traces)), key=lambda i: (result.jacobi.blocks[i].fast_forward, -i))
+        parts.append(token_view.trajectory_html(
+            traces[best], model.tokenizer,
+            f"{label}: block {best + 1} of prompt {prompt.id}, {len(traces[best].states)} iterations for "
+            f"{len(traces[best].fixed_point)} tokens"))
+    return token_view.HTML("".join(parts))
 
 
 def base_model(params: dict, pretrained: LoadedModel, train_side: Sequence[data.Prompt],

@@ -42,6 +42,8 @@ class Tables:
     learning_curve: pd.DataFrame | None = None  # per checkpoint: step, tokens per forward, exact match, prompts
     cllm_lookahead: str | None = None  # the method name of lookahead decoding on the CLLM, when run
     base_lookahead: str | None = None  # and of lookahead on the base model with the same W, N, G
+    token_views: object = None  # the first held-out prompt, every method's text coloured by token origin (HTML)
+    trajectories: object = None  # one block of that prompt converging, base model and CLLM (HTML)
 
 
 def groups(prompts: Sequence[data.Prompt]) -> list[str]:

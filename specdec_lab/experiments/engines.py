@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 import pandas as pd
 
-from specdec_lab import hardware, metrics, models
+from specdec_lab import hardware, metrics, models, token_view
 from specdec_lab.decoders import llama_cpp_peer
 from specdec_lab.decoders.backend import engine as engine_of
 from specdec_lab.experiments import common, lineups
@@ -44,6 +44,7 @@ class EngineTables:
     dense_paths: pd.DataFrame  # each torch path's prefill and step time, target and draft, on this CPU
     first_differences: pd.DataFrame  # where a lossless method's text parts from its engine's AR, and why
     torch_path: str  # the torch path the kit's torch methods ran on
+    token_views: object = None  # one prompt per kind, the kit's methods on both engines, coloured by token origin
 
 
 def torch_label(loaded: models.LoadedModel) -> str:
@@ -113,7 +114,8 @@ def run(params: dict) -> EngineTables:
                        hardware.bytes_read_per_token(group["target"].model) for group in (on_llama, on_torch)}}
     return EngineTables(rows, per_kind, best_table(per_kind, methods), predicted_table(rows, methods, curves),
                         curves, roofline_table(rows, weights_read, hardware.memory_bandwidth()), paths,
-                        first_differences(rows, methods), torch_label(on_torch["target"]))
+                        first_differences(rows, methods), torch_label(on_torch["target"]),
+                        token_view.views_of_rows(rows, target_on_llama.tokenizer))
 
 
 def roofline_table(rows: pd.DataFrame, bytes_read: dict[str, int], bandwidth: float) -> pd.DataFrame:

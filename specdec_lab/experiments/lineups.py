@@ -217,11 +217,14 @@ def draft_then_score_method(target: LoadedModel, draft: LoadedModel, max_new_tok
 
 
 def jacobi_method(model: LoadedModel, max_new_tokens: int, block_size: int, init: str, name: str,
-                  lossless: bool) -> Method:
+                  lossless: bool, weights: Weights | None = None) -> Method:
     def decode(prompt_ids):
         return jacobi.generate(model.model, prompt_ids, max_new_tokens, block_size=block_size, init=init)
-    return Method(name, decode, lossless=lossless, role="parallel",
+    return Method(name, decode, lossless=lossless, role="parallel", weights=weights,
                   source=CandidateSource("jacobi", block_size=block_size, init=init), engine=engine_of(model.model))
+
+
+CLLM_WEIGHTS = Weights(model_role="CLLM")  # the methods that run the fine-tuned model, not the base
 
 
 def lookahead_name(config: LookaheadConfig | dict, model_label: str = "base") -> str:
@@ -237,7 +240,7 @@ def cllm_lookahead_names(lookahead_configs: Sequence[dict]) -> tuple[str, str] |
 
 
 def lookahead_method(model: LoadedModel, max_new_tokens: int, config: LookaheadConfig | dict,
-                     model_label: str = "base", lossless: bool = True) -> Method:
+                     model_label: str = "base", lossless: bool = True, weights: Weights | None = None) -> Method:
     """Lookahead decoding (greedy: it returns `model`'s greedy text) with a config {window, ngram_size,
     candidates?, pool_from_prompt?}. `lossless=False` for a fine-tuned model, whose text is its own."""
     config = LookaheadConfig.from_mapping(config)
@@ -245,7 +248,7 @@ def lookahead_method(model: LoadedModel, max_new_tokens: int, config: LookaheadC
     def decode(prompt_ids):
         return lookahead.generate(model.model, prompt_ids, max_new_tokens, config.window, config.ngram_size,
                                   config.candidates, config.pool_from_prompt)
-    return Method(lookahead_name(config, model_label), decode, lossless=lossless, role="parallel",
+    return Method(lookahead_name(config, model_label), decode, lossless=lossless, role="parallel", weights=weights,
                   source=CandidateSource("lookahead", lookahead=config), engine=engine_of(model.model))
 
 
@@ -360,8 +363,10 @@ def cllm(base: LoadedModel, cllm_model: LoadedModel | None, max_new_tokens: int,
     if with_jacobi:
         methods.append(jacobi_method(base, max_new_tokens, block_size, init, BASE_JACOBI, lossless=True))
     if cllm_model is not None:
-        methods.append(jacobi_method(cllm_model, max_new_tokens, block_size, init, CLLM_JACOBI, lossless=False))
+        methods.append(jacobi_method(cllm_model, max_new_tokens, block_size, init, CLLM_JACOBI, lossless=False,
+                                     weights=CLLM_WEIGHTS))
     methods += [lookahead_method(base, max_new_tokens, config) for config in lookahead_configs]
     if cllm_model is not None and lookahead_configs:
-        methods.append(lookahead_method(cllm_model, max_new_tokens, lookahead_configs[0], "CLLM", lossless=False))
+        methods.append(lookahead_method(cllm_model, max_new_tokens, lookahead_configs[0], "CLLM", lossless=False,
+                                        weights=CLLM_WEIGHTS))
     return methods

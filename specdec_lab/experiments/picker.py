@@ -40,6 +40,7 @@ from specdec_lab.decoders.backend import open_sequence, vocab_size as output_row
 from specdec_lab.decoders.common import clock
 from specdec_lab.experiments import lineups
 from specdec_lab.method import CandidateSource, HybridSettings, TreeSettings, source_columns
+from specdec_lab.result import DRAFT_MODEL, PROMPT_LOOKUP
 from specdec_lab.sampling import GREEDY
 
 
@@ -87,6 +88,8 @@ class TeacherForcedDraft:
     right; after the first wrong one nothing is accepted whatever is proposed, and only the
     confidence stop there is a guess (taken from the forecast at that position)."""
 
+    origin = DRAFT_MODEL
+
     def __init__(self, forecast: DraftForecast, k: int = 5, schedule: str = "constant",
                  confidence_threshold: float = 0.0):
         self.forecast, self.confidence_threshold = forecast, confidence_threshold
@@ -117,6 +120,8 @@ class TeacherForcedTree:
     accepted node holds y's next token exactly when y's token is the draft's rank-r choice there:
     that is what the forecast's ranks say. Every other node holds a token the replay never accepts.
     `widths` records the tokens each draft forward takes (the root's forward, then one per level)."""
+
+    origin = DRAFT_MODEL
 
     def __init__(self, forecast: DraftForecast, shape: Sequence[tuple[int, int]]):
         self.forecast, self.shape = forecast, level_order(list(shape))  # as `DraftTreeCandidates` orders it
@@ -153,6 +158,8 @@ class TeacherForcedTree:
 class FirstMatchLookup:
     """transformers' prompt-lookup rule: the first earlier occurrence of the last n-gram, n from
     `max_ngram` down to 1, k tokens after it."""
+
+    origin = PROMPT_LOOKUP
 
     def __init__(self, k: int = 10, max_ngram: int = 2):
         self.k, self.max_ngram, self.forwards = k, max_ngram, 0

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from specdec_lab import data, hardware, memory, models, quality
+from specdec_lab import data, hardware, memory, models, quality, token_view
 from specdec_lab.decoders import llama_cpp_peer
 from specdec_lab.experiments import common, lineups, quantized_tables
 from specdec_lab.experiments.quantized_tables import (LLAMA_CPP, Tables, best_k_table, footprint_table, label_pairs,
@@ -58,6 +58,7 @@ def run(params: dict) -> Tables:
                           for key in sorted(needed_variants(params["spec_pairs"], params["target"], params["draft"]))},
                          specs, params["dtype"], params["cost_curve_n"], params["cost_curve_repeats"])
     curves.to_csv(out_dir / "cost_curves.csv", index=False)
+    tokenizer = next(iter(variants.values())).tokenizer  # every variant's (one model family), for the token views
     spec_rows = speculative_grid(params["spec_pairs"], prompts, target=params["target"], draft=params["draft"],
                                  k=params["k"], repeats=params["repeats"], out=out_dir / "speculative.jsonl",
                                  variants=variants, prompt_lookup_k=params["prompt_lookup_k"], engine=engine,
@@ -65,7 +66,8 @@ def run(params: dict) -> Tables:
     reference = unquantized_reference(ar_rows, "target")
     spec_table = speculative_table(spec_rows, reference)
     tables = Tables(table, ar_rows, spec_rows, spec_table, curves, best_k_table(spec_table, spec_rows, curves),
-                    versus_llama_cpp(spec_rows, reference), kernels)
+                    versus_llama_cpp(spec_rows, reference), kernels,
+                    token_view.views_of_rows(spec_rows, tokenizer))
     for name, frame in (("footprints.csv", table), ("best_k.csv", tables.best_k),
                         ("versus_llama_cpp.csv", tables.versus_llama_cpp), ("kernels.csv", kernels)):
         frame.to_csv(out_dir / name, index=False)  # what `python -m specdec_lab.experiments.quantized_tables` prints

@@ -29,6 +29,7 @@ class Tables:
     best_k: pd.DataFrame  # per draft-model pair: the k that maximizes Leviathan's speedup given T(n)
     versus_llama_cpp: pd.DataFrame  # every configuration against llama.cpp AR of the same run
     kernels: pd.DataFrame  # one MLP-sized Linear on each CPU backend alone: ms and GB/s (CPU only)
+    token_views: object = None  # the first prompt, every pair's text coloured by token origin (HTML)
 
 
 def footprint_table(footprints: pd.DataFrame, ar_rows: pd.DataFrame, bandwidth: float | None = None) -> pd.DataFrame:

@@ -10,7 +10,7 @@ from dataclasses import asdict, replace
 
 import pandas as pd
 
-from specdec_lab import data, hardware, metrics, models, words
+from specdec_lab import data, hardware, metrics, models, token_view, words
 from specdec_lab.experiments import common, lineups, picker
 from specdec_lab.experiments.speculative_tables import (Picked, Tables, by_category, constant_k_of, focus_category,
                                                         per_category, picked_vs_measured, the_draft_model_pair,
@@ -98,6 +98,7 @@ def measure(params: dict) -> Tables:
         tables.picked = picked
     tables.per_category = per_category(tables)
     tables.trees = tree_vs_chain(rows, tables.by_category, picked) if params["tree_nodes"] else None
+    tables.token_views = token_view.views_of_rows(rows, target.tokenizer)
     common.write_outputs(params, NOTEBOOK, common.summary_lines(table, methods), headline(tables),
                          model=params["target"], dtype=target.precision)
     return tables

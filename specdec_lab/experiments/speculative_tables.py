@@ -72,6 +72,7 @@ class Tables:
     picked: Picked | None = None  # the draft picker's predictions, checked against the measured rows
     per_category: pd.DataFrame | None = None  # per (category, which): our best, the hybrid, transformers' best, the pick
     trees: pd.DataFrame | None = None  # per (category, source): tree ÷ chain, measured and predicted
+    token_views: object = None  # one prompt per kind, every method's text coloured by token origin (HTML)
 
 
 SUMMARY_COLUMNS = ["speedup", "speedup_low", "speedup_high", "prompts", "tokens_per_second",

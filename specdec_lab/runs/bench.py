@@ -28,6 +28,11 @@ from specdec_lab.result import GenerationResult
 from specdec_lab.runs import jsonl
 
 
+# What a row holds besides its configuration's numbers: rows of an older format are not resumed, so a
+# table never mixes rows with and without a field (2: every token's origin and step, the token views).
+ROW_FORMAT = 2
+
+
 def environment() -> dict:
     """What a number depends on besides the code: hardware, library versions, threads."""
     import transformers
@@ -91,7 +96,7 @@ def run(
     def names_on(prompt_id: str) -> list[str]:
         return [name for name in names if name not in only_on or prompt_id in only_on[name]]
 
-    run_config = {"config": dict(config or {}), "decoders": sorted(names), "chat": chat}
+    run_config = {"config": dict(config or {}), "decoders": sorted(names), "chat": chat, "row_format": ROW_FORMAT}
     if only_on:
         run_config["only_on"] = {name: sorted(ids) for name, ids in sorted(only_on.items())}
     run_id = jsonl.config_hash(run_config)
