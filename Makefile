@@ -45,9 +45,10 @@ reproduce: env $(if $(filter cpu cpu-full,$(PROFILE)),llama-cpp)
 models: env
 	$(PY) -c "from specdec_lab.models import zoo; [print(zoo.ensure(n)) for n in zoo.ZOO]"
 
+# JupyterLab on the notebooks, the explorer (00_explore: any prompt through any method) open first.
 lab: env
 	$(PY) -m ipykernel install --user --name specdec-lab --display-name "specdec-lab (.venv)"
-	$(VENV)/bin/jupyter lab $(if $(filter 0,$(shell id -u)),--allow-root,) notebooks/
+	$(VENV)/bin/jupyter lab $(if $(filter 0,$(shell id -u)),--allow-root,) --ServerApp.root_dir=notebooks notebooks/00_explore.ipynb
 
 clean-results:
 	rm -rf results/$(PROFILE) reports/$(PROFILE)

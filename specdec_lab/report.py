@@ -117,6 +117,8 @@ def write_index(profile: str, out_dir: Path, statuses: dict[str, str], results_d
         "<style>body{font-family:sans-serif;margin:2em}td{border-bottom:1px solid #ddd;padding:.5em;vertical-align:top}</style>"
         f"</head><body><h1>specdec-lab reports: profile <code>{html.escape(profile)}</code></h1>"
         "<table><tr><th>notebook</th><th>status</th><th>headline numbers</th></tr>" + "".join(rows) + "</table>"
+        "<p>To run your own prompt through any method: <code>make lab</code> opens the explorer, "
+        "<code>notebooks/00_explore.ipynb</code>.</p>"
         f"<p>Generated {time.strftime('%Y-%m-%d %H:%M:%S')} by <code>make reproduce PROFILE={html.escape(profile)}</code>.</p>"
         "</body></html>"
     )

@@ -12,6 +12,7 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 NOTEBOOKS_DIR = REPO_ROOT / "notebooks"
 PARAMS_DIR = REPO_ROOT / "params"
 REPORTS_DIR = REPO_ROOT / "reports"
+INTERACTIVE_NOTEBOOKS = ("00_explore",)  # opened by `make lab`, never run by `make reproduce` (no parameter files)
 
 
 def results_path(results_dir: str | Path, *parts: str) -> Path:
