@@ -112,20 +112,29 @@ class Explorer:
 
     @classmethod
     def load(cls, target: str, draft: str | None = None, cllm: str | None = None, dtype: str = "auto",
-             device: str = "cpu") -> "Explorer":
-        """Load the models once (a zoo name, hub id or folder each; `cllm`: a folder 04 trained, whose
-        base is the target). Says what it loaded and the weights' memory."""
+             device: str = "cpu", cllm_required: bool = True) -> "Explorer":
+        """Load the models once (a zoo name, hub id or folder each; `cllm`: a folder notebook 04 trained
+        from the target). Says what it loaded and the weights' memory. A CLLM trained from another model
+        is refused, or left out with a note when not `cllm_required` (the newest one found, say)."""
         loaded = {}
         for role, spec in (("target", target), ("draft", draft), ("cllm", cllm)):
             if spec:
                 # a CLLM is a fine-tuned model: its own dtype, not a path chosen for the target
                 loaded[role] = models.load(spec, dtype="float32" if role == "cllm" and dtype == "auto" else dtype,
                                            device=device)
-                print(f"{role}: {spec} ({loaded[role].precision}), {loaded[role].weight_bytes / 2**20:,.0f} MB of weights")
-        explorer = cls(loaded["target"], loaded.get("draft"), loaded.get("cllm"))
-        if explorer.draft is not None:
-            models.check_same_tokenizer(explorer.target.tokenizer, explorer.draft.tokenizer, target, draft)
-        return explorer
+        if "draft" in loaded:
+            models.check_same_tokenizer(loaded["target"].tokenizer, loaded["draft"].tokenizer, target, draft)
+        if "cllm" in loaded and loaded["cllm"].tokenizer.get_vocab() != loaded["target"].tokenizer.get_vocab():
+            problem = (f"the CLLM at {cllm} was trained from another model than the target {target!r} (their "
+                       "tokenizers differ): set target to the CLLM's base model (notebook 04's `model`), or leave the CLLM out")
+            if cllm_required:
+                raise ValueError(problem)
+            print(f"CLLM left out: {problem}")
+            del loaded["cllm"]
+        for role, model in loaded.items():
+            spec = {"target": target, "draft": draft, "cllm": cllm}[role]
+            print(f"{role}: {spec} ({model.precision}), {model.weight_bytes / 2**20:,.0f} MB of weights")
+        return cls(loaded["target"], loaded.get("draft"), loaded.get("cllm"))
 
     @property
     def methods(self) -> list[str]:

@@ -91,3 +91,22 @@ def test_the_explorer_notebook_runs_headless_with_its_widgets_driven_by_its_last
     assert all("the same text as AR" in html for html in views)
     assert any("application/vnd.jupyter.widget-view+json" in output.get("data", {})
                for cell in cells for output in cell.get("outputs", []))
+
+
+def test_a_cllm_of_the_target_joins_the_menu_and_one_of_another_model_is_refused_or_left_out(folders, tmp_path):
+    from tokenizers import Tokenizer, models as token_models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+    from tiny import TINY_VOCAB, save_tiny_model
+
+    with_cllm = Explorer.load(folders["target"], cllm=folders["draft"], dtype="float32")  # any model of its tokenizer
+    assert with_cllm.methods[-1] == explore.CLLM_JACOBI
+    run = with_cllm.run(PROMPT, Settings(explore.CLLM_JACOBI, max_new_tokens=12))
+    assert not run.method.lossless and len(run.result.tokens) == 12
+    other = save_tiny_model(tmp_path / "other", 2)
+    words = Tokenizer(token_models.WordLevel({f"u{i}": i for i in range(TINY_VOCAB)}, unk_token="u0"))
+    words.pre_tokenizer = pre_tokenizers.Whitespace()
+    PreTrainedTokenizerFast(tokenizer_object=words, unk_token="u0").save_pretrained(other)
+    with pytest.raises(ValueError, match="trained from another model than the target"):
+        Explorer.load(folders["target"], cllm=other, dtype="float32")
+    assert explore.CLLM_JACOBI not in Explorer.load(folders["target"], cllm=other, dtype="float32",
+                                                    cllm_required=False).methods
