@@ -3,6 +3,8 @@ returns the matplotlib Figure (notebooks only call these)."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 import matplotlib.pyplot as plt
 import pandas as pd
 import seaborn as sns
@@ -49,30 +51,45 @@ def interval_bars(ax, labels, table: pd.DataFrame, colors=None, hatched=None, in
 
 
 def speedup_bars(table: pd.DataFrame, title: str = "Speedup over autoregressive decoding", baseline: str = "AR",
-                 column: str = "speedup"):
+                 column: str = "speedup", names: Mapping[str, str] | None = None):
     """One bar per method (index) from `metrics.summary` / `metrics.speedup_table`: per-token speedup
     over `baseline` (`column`, with `column`_low and _high), geometric mean over prompts, with its
     95% interval; the dashed line is 1x."""
     fig, ax = plt.subplots(figsize=(9, 0.55 * len(table) + 1.5))
-    interval_bars(ax, table.index, table, colors=sns.color_palette("tab10", len(table)), column=column)
+    interval_bars(ax, _named(table.index.to_series(), names), table, colors=sns.color_palette("tab10", len(table)), column=column)
     ax.set(xlabel=f"speedup: {baseline} ms/token ÷ method ms/token, side by side (geometric mean over prompts, 95% CI)",
            ylabel="")
     return _finish(fig, title)
 
 
-def category_speedups(table: pd.DataFrame, title: str = "Speedup over AR by kind of text", baseline: str = "AR"):
-    """One panel per category: each method's per-token speedup with its 95% interval and prompt count."""
-    categories = list(table.category.unique())
-    methods = [m for m in table.method.unique()]
-    fig, axes = plt.subplots(1, len(categories), figsize=(7 * len(categories), 0.5 * len(methods) + 1.8),
-                             sharey=True, squeeze=False)
-    colors = dict(zip(methods, sns.color_palette("tab10", len(methods))))
-    for index, (ax, category) in enumerate(zip(axes[0], categories)):
+def category_speedups(table: pd.DataFrame, title: str = "Speedup over AR by kind of text", baseline: str = "AR",
+                      names: Mapping[str, str] | None = None):
+    """One wide panel: per method (a row), each kind of text's per-token speedup as a dot of its colour
+    with its 95% interval (the legend gives each kind's prompt count); the dashed line is 1x."""
+    table = table.assign(method=_named(table.method, names))
+    categories, methods = list(table.category.unique()), list(table.method.unique())
+    fig, ax = plt.subplots(figsize=(12, 0.55 * len(methods) + 1.6))
+    colors = dict(zip(categories, sns.color_palette("colorblind", len(categories))))
+    offsets = dict(zip(categories, [0.6 * (i / max(len(categories) - 1, 1) - 0.5) for i in range(len(categories))]))
+    for category in categories:
         part = table[table.category == category].set_index("method").reindex(methods)
-        interval_bars(ax, methods, part.fillna({"prompts": 0, "speedup": 0}), colors=[colors[m] for m in methods],
-                      invert=index == 0)
-        ax.set(title=category, xlabel=f"per-token speedup over {baseline} (95% CI)", ylabel="")
+        y = [methods.index(m) + offsets[category] for m in methods]
+        low = (part.speedup - part.speedup_low).clip(lower=0).fillna(0)
+        high = (part.speedup_high - part.speedup).clip(lower=0).fillna(0)
+        prompts = int(part.prompts.max()) if part.prompts.notna().any() else 0
+        ax.errorbar(part.speedup, y, xerr=[low, high], fmt="o", color=colors[category], capsize=2, markersize=5,
+                    label=f"{category} (n={prompts})")
+    ax.axvline(1.0, color="black", linestyle="--", linewidth=1)
+    ax.set_yticks(range(len(methods)), methods)
+    ax.invert_yaxis()
+    ax.set(xlabel=f"per-token speedup over {baseline}, side by side (geometric mean over prompts, 95% CI)", ylabel="")
+    ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1), title="kind of text")
     return _finish(fig, title)
+
+
+def _named(labels, names: Mapping[str, str] | None):
+    """Method names as `names` maps them (the short ones, `words.short_names`); unmapped ones stay."""
+    return labels if names is None else labels.map(lambda name: names.get(name, name))
 
 
 def tree_vs_chain(table: pd.DataFrame, title: str = "Token trees against chains of the same source"):
@@ -99,8 +116,12 @@ def tree_vs_chain(table: pd.DataFrame, title: str = "Token trees against chains 
         ax.set_yticks(y, part.category)
         ax.invert_yaxis()
         ax.set(title=kind, xlabel="chain ms/token ÷ tree ms/token", ylabel="")
-        ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.25), ncol=2, fontsize=8, frameon=False)
-    return _finish(fig, title)
+    # one legend for the panels, under the figure's axes labels (tight_layout leaves it room)
+    handles, labels = axes[0][0].get_legend_handles_labels()
+    fig.legend(handles, labels, loc="lower center", ncol=2, fontsize=9, frameon=False)
+    fig.suptitle(title)
+    fig.tight_layout(rect=(0, 0.12, 1, 1))
+    return fig
 
 
 def k_sweep(table: pd.DataFrame, title: str = "Draft length k: measured and predicted speedup"):
@@ -120,21 +141,32 @@ def k_sweep(table: pd.DataFrame, title: str = "Draft length k: measured and pred
 
 
 def predicted_vs_measured(table: pd.DataFrame, title: str = "Predicted vs measured speedup",
-                          xlabel: str = "predicted (1 - a^(k+1)) / ((1 - a)(kc + 1))"):
-    """Scatter of a predicted speedup against the measured one (the diagonal is a perfect model)."""
-    fig, ax = plt.subplots(figsize=(5.5, 5))
-    sns.scatterplot(data=table, x="predicted_speedup", y="speedup", hue=table.get("label"), s=70, ax=ax)
+                          xlabel: str = "predicted (1 - a^(k+1)) / ((1 - a)(kc + 1))", band: float = 0.15):
+    """A predicted speedup against the measured one: the diagonal is a perfect model, the grey band
+    ±`band` of it. With `category` and `source` columns, the kind of text is the colour and the source the
+    marker; the legend sits beside the plot, never over a point."""
+    fig, ax = plt.subplots(figsize=(13, 6))
     top = max(table.predicted_speedup.max(), table.speedup.max()) * 1.1
-    ax.plot([0, top], [0, top], "k--", linewidth=1)
+    line = pd.Series([0, top])
+    ax.fill_between(line, line * (1 - band), line * (1 + band), color="0.9", label=f"within ±{band:.0%}")
+    ax.plot(line, line, "k--", linewidth=1, label="predicted = measured")
+    coded = {"hue": "category", "style": "source"} if {"category", "source"} <= set(table) else {"hue": table.get("label")}
+    sns.scatterplot(data=table, x="predicted_speedup", y="speedup", s=80, ax=ax, **coded)
     ax.set(xlim=(0, top), ylim=(0, top), xlabel=xlabel, ylabel="measured")
+    ax.set_aspect("equal")
+    ax.legend(loc="upper left", bbox_to_anchor=(1.02, 1), fontsize=9)
     return _finish(fig, title)
 
 
-def acceptance_by_position(table: pd.DataFrame, title: str = "Acceptance by draft position"):
-    fig, ax = plt.subplots(figsize=(7, 4.2))
-    sns.lineplot(data=table, x="position", y="acceptance", hue="decoder", marker="o", ax=ax)
+def acceptance_by_position(table: pd.DataFrame, title: str = "Acceptance by draft position",
+                           names: Mapping[str, str] | None = None):
+    """Per method: the chance that token i is accepted once every token before it was, by position i."""
+    fig, ax = plt.subplots(figsize=(11, 4.4))
+    sns.lineplot(data=table.assign(decoder=_named(table.decoder, names)), x="position", y="acceptance",
+                 hue="decoder", marker="o", ax=ax)
     ax.set(xlabel="position i in the draft block", ylabel="P(token i accepted | tokens before it accepted)",
            ylim=(0, 1.05))
+    sns.move_legend(ax, "upper left", bbox_to_anchor=(1.01, 1), title="method")  # beside the lines, never over them
     return _finish(fig, title)
 
 
@@ -165,16 +197,21 @@ def cost_curves(curves: pd.DataFrame, title: str = "Cost of one forward over n t
     return _finish(fig, title)
 
 
-def agreement_bars(rows: pd.DataFrame, title: str = "Token agreement with the target's greedy output"):
+def agreement_bars(rows: pd.DataFrame, title: str = "Token agreement with the target's greedy output",
+                   names: Mapping[str, str] | None = None):
     """Mean fraction of the reference text reproduced before the first differing token."""
+    rows = rows.assign(decoder=_named(rows.decoder, names))
     fig, ax = plt.subplots(figsize=(8, 0.55 * rows.decoder.nunique() + 1.5))
     sns.barplot(data=rows, y="decoder", x="agreement", hue="decoder", legend=False, errorbar=None, ax=ax)
     ax.set(xlim=(0, 1.05), xlabel="agreement (matching prefix / reference length)", ylabel="")
     return _finish(fig, title)
 
 
-def tokens_per_forward(rows: pd.DataFrame, title: str = "Generated tokens per target forward pass", hue: str = "category"):
-    fig, ax = plt.subplots(figsize=(8, 0.55 * rows.decoder.nunique() + 1.5))
+def tokens_per_forward(rows: pd.DataFrame, title: str = "Generated tokens per target forward pass", hue: str = "category",
+                       names: Mapping[str, str] | None = None):
+    """Mean tokens per target forward per method, one bar per `hue` (kind of text), 95% intervals."""
+    rows = rows.assign(decoder=_named(rows.decoder, names))
+    fig, ax = plt.subplots(figsize=(11, 0.3 * rows.decoder.nunique() * max(rows[hue].nunique(), 2) + 1.5))
     sns.barplot(data=rows, y="decoder", x="tokens_per_target_forward", hue=hue, errorbar=("ci", 95), ax=ax)
     sns.move_legend(ax, "upper left", bbox_to_anchor=(1.01, 1))  # beside the bars, never over them
     ax.set(xlabel="tokens per target forward (prefill counted)", ylabel="")

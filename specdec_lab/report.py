@@ -84,15 +84,21 @@ def replace_tracebacks(notebook) -> int:
     return replaced
 
 
+FULL_TABLES = "full-table"  # a notebook cell whose wide table belongs in the `.code.html` twin (and the CSVs)
+
+
 def render_html(executed: Path, out_dir: Path) -> list[Path]:
     import nbformat
     from nbconvert import HTMLExporter
+    from nbconvert.preprocessors import TagRemovePreprocessor
 
     notebook = nbformat.read(executed, as_version=4)
     replace_tracebacks(notebook)
     written = []
     for suffix, exclude_code in ((".html", True), (".code.html", False)):
         exporter = HTMLExporter(exclude_input=exclude_code, exclude_input_prompt=True, exclude_output_prompt=True)
+        if exclude_code:  # the reader's render: a cell tagged FULL_TABLES shows in the code twin only
+            exporter.register_preprocessor(TagRemovePreprocessor(remove_cell_tags={FULL_TABLES}), enabled=True)
         body, _ = exporter.from_notebook_node(notebook)
         path = out_dir / (executed.stem + suffix)
         path.write_text(body)

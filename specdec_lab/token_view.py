@@ -50,7 +50,7 @@ MEANING = {
 STYLE = """<style>
 .tv { font-family: ui-monospace, SFMono-Regular, Menlo, Consolas, monospace; font-size: 12.5px; line-height: 1.9; }
 .tv table { border-collapse: collapse; width: 100%; table-layout: fixed; }
-.tv td { vertical-align: top; padding: 3px 6px; border-bottom: 1px solid #e4e4e4; text-align: left; }
+.tv table td { vertical-align: top; padding: 3px 6px; border-bottom: 1px solid #e4e4e4; text-align: left !important; }
 .tv td.tv-label { width: 15em; font-family: system-ui, sans-serif; font-size: 12px; color: #333; }
 .tv td.tv-label small { color: #777; display: block; line-height: 1.3; }
 .tv .tv-text { white-space: pre-wrap; word-break: break-word; }

@@ -120,3 +120,36 @@ def test_decode_tokens_per_second_leaves_the_prefill_out():
     decode = metrics.decode_tokens_per_second(rows)
     assert decode.iloc[0] == pytest.approx(2.0)
     assert math.isnan(decode.iloc[1])  # one token: nothing was decoded after the prefill
+
+
+def test_the_compact_table_reads_short_names_one_interval_cell_and_counts():
+    import pandas as pd
+    from specdec_lab import words
+
+    table = pd.DataFrame({"speedup": [1.234, 0.9, float("nan")], "speedup_low": [1.1, float("nan"), float("nan")],
+                          "speedup_high": [1.37, float("nan"), float("nan")], "prompts": [5.0, 1.0, 0.0],
+                          "agreement": [0.98765, 1.0, 0.5]}, index=["a very long method name (ours)", "b", "c"])
+    compact = words.compact_table(table, {"speedup": "speedup (95% CI)", "prompts": "prompts", "agreement": "agreement"},
+                                  {"a very long method name (ours)": "a"})
+    assert list(compact.index) == ["a", "b", "c"] and list(compact.columns) == ["speedup (95% CI)", "prompts", "agreement"]
+    assert list(compact["speedup (95% CI)"]) == ["1.23 (1.10-1.37)", "0.90", "-"]
+    assert list(compact.prompts) == [5, 1, 0] and list(compact.agreement) == [0.99, 1.0, 0.5]
+
+
+def test_short_names_tell_methods_apart_by_their_records():
+    import pandas as pd
+    from specdec_lab import words
+    from specdec_lab.method import CandidateSource, Method, Weights, source_columns
+
+    def row(name, source, implementation="ours", role="speculative", weights=Weights()):
+        return {"decoder": name, "implementation": implementation, "role": role, "engine": "transformers",
+                **source_columns(source), **weights.columns()}
+    draft = CandidateSource("draft model", k=5, schedule="heuristic")
+    rows = pd.DataFrame([row("target AR (ours)", None, role="target AR"),
+                         row("ours, long", draft), row("theirs, long", CandidateSource("draft model", "transformers", k=5, schedule="heuristic"), "transformers"),
+                         row("pair nf4", draft, weights=Weights(quantization="nf4", draft_quantization="none")),
+                         row("pair int8", draft, weights=Weights(quantization="int8", draft_quantization="none"))])
+    names = words.short_names(rows)
+    assert names["target AR (ours)"] == "AR" and names["theirs, long"] == "draft k=5 adaptive · transformers"
+    assert names["pair nf4"] == "draft k=5 adaptive · nf4/none" and names["pair int8"] == "draft k=5 adaptive · int8/none"
+    assert len(set(names.values())) == len(names)

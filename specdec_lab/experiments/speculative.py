@@ -99,6 +99,7 @@ def measure(params: dict) -> Tables:
     tables.per_category = per_category(tables)
     tables.trees = tree_vs_chain(rows, tables.by_category, picked) if params["tree_nodes"] else None
     tables.token_views = token_view.views_of_rows(rows, target.tokenizer)
+    tables.names = words.short_names(rows)
     common.write_outputs(params, NOTEBOOK, common.summary_lines(table, methods), headline(tables),
                          model=params["target"], dtype=target.precision)
     return tables

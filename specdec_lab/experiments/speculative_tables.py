@@ -73,6 +73,7 @@ class Tables:
     per_category: pd.DataFrame | None = None  # per (category, which): our best, the hybrid, transformers' best, the pick
     trees: pd.DataFrame | None = None  # per (category, source): tree ÷ chain, measured and predicted
     token_views: object = None  # one prompt per kind, every method's text coloured by token origin (HTML)
+    names: dict | None = None  # method name -> its few words for narrow tables and figures (`words.short_names`)
 
 
 SUMMARY_COLUMNS = ["speedup", "speedup_low", "speedup_high", "prompts", "tokens_per_second",
