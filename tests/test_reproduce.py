@@ -66,12 +66,12 @@ def test_index_and_every_report_render_with_figures_and_no_errors(smoke_reports,
         assert dom.count("<img") >= 1, f"{stem} shows no figure"
         if stem in TOKEN_VIEWS:  # the text token by token, with its legend and a tooltip per token
             assert 'class="tv-legend"' in dom and 'title="step 0' in dom, f"{stem} shows no token view"
+        assert "highlight hl-ipython3" not in dom, f"{stem}: code should be hidden in the default render"
+        assert "highlight hl-ipython3" in (smoke_reports / f"{stem}.code.html").read_text()
     # a wide table tagged report.FULL_TABLES is in the code twin only; the reader's render shows the compact one
     reader, twin = (smoke_reports / "02_speculative.html").read_text(), (smoke_reports / "02_speculative.code.html").read_text()
     assert "pairs_of_other_length" not in reader and "pairs_of_other_length" in twin
     assert "speedup (95% CI)" in reader
-        assert "highlight hl-ipython3" not in dom, f"{stem}: code should be hidden in the default render"
-        assert "highlight hl-ipython3" in (smoke_reports / f"{stem}.code.html").read_text()
 
 
 @pytest.mark.integration
