@@ -82,8 +82,9 @@ class Exploration:
                          else f"parts from AR's text at token {self.same_tokens + 1}")
         else:
             agreement = "sampled: one sample each, so the texts may differ (the notebooks check the distribution)"
-        return (f"{self.method.name}: {self.result.num_tokens} tokens, {forwards}; time per token "
-                f"{self.ms_per_token_ratio:.2f}x AR's on this prompt (one run each, not a benchmark); {agreement}")
+        return (f"{self.method.name}: {self.result.num_tokens} tokens, {forwards}; per-token speed "
+                f"{self.ms_per_token_ratio:.2f}x AR's on this prompt (AR's time per token over its; one run each, "
+                f"not a benchmark); {agreement}")
 
     def view(self) -> token_view.TokenViews:
         return token_view.TokenViews(self.summary(), [
