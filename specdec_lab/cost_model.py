@@ -146,3 +146,41 @@ def shape_value(rank_acceptance: Sequence[float], shape: Sequence[tuple[int, int
         chance = rank_acceptance[rank] if rank < len(rank_acceptance) else 0.0
         reach.append(chance * (reach[parent] if parent >= 0 else 1.0))
     return sum(reach)
+
+
+# --- batches: speculation at batch size b ---------------------------------------------------------------
+
+def batch_speedup_from_costs(alpha: float, k: int, target_ms: Mapping[int, Mapping[int, float]],
+                             draft_ms: Mapping[int, Mapping[int, float]], batch: int) -> float:
+    """Predicted throughput of batched speculative decoding over batched AR at batch size b. Every row
+    yields E(alpha, k) tokens a step (Leviathan's expectation), and a step costs one target forward over
+    b rows of k + 1 tokens, T_b(k + 1), plus k draft forwards over b rows of one token, D_b(1); batched
+    AR makes b tokens per T_b(1):
+
+        E(alpha, k) * T_b(1) / (T_b(k + 1) + k * D_b(1))
+
+    `target_ms[b][n]` and `draft_ms[b][n]` are measured forwards over b rows of n tokens each. As b grows,
+    T_b(k + 1) leaves the flat part of the curve first (it holds b(k + 1) tokens), and speculation stops paying."""
+    target, draft = dict(target_ms[batch]), dict(draft_ms[batch])
+    if 1 not in target or not k + 1 <= max(target) or 1 not in draft:  # never extrapolated
+        raise ValueError(f"need T_b(1), T_b(n) up to n = k + 1 = {k + 1} and D_b(1) at batch {batch}; measured n: "
+                         f"target {sorted(target)}, draft {sorted(draft)}")
+    return (expected_tokens_per_step(alpha, k) * cost_at(target, 1)
+            / (cost_at(target, k + 1) + k * cost_at(draft, 1)))
+
+
+def best_k_per_batch(alpha: float, target_ms: Mapping[int, Mapping[int, float]],
+                     draft_ms: Mapping[int, Mapping[int, float]], k_values: Sequence[int]) -> dict[int, tuple[int, float]]:
+    """batch size -> (the draft length predicted fastest among `k_values`, its predicted throughput ratio)."""
+    best = {}
+    for batch in sorted(target_ms):
+        predicted = {k: batch_speedup_from_costs(alpha, k, target_ms, draft_ms, batch) for k in k_values}
+        k = max(predicted, key=predicted.get)
+        best[batch] = (k, predicted[k])
+    return best
+
+
+def crossover_batch(ratio_by_batch: Mapping[int, float]) -> int | None:
+    """The smallest batch size at which speculation's throughput ratio over AR falls below 1 (where it
+    stops paying), None if it pays at every batch size given."""
+    return next((batch for batch in sorted(ratio_by_batch) if ratio_by_batch[batch] < 1.0), None)

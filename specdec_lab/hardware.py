@@ -17,6 +17,7 @@ import pandas as pd
 import torch
 
 from specdec_lab.decoders.backend import open_sequence, vocab_size
+from specdec_lab.decoders.batched import RaggedCache
 from specdec_lab.decoders.common import clock
 from specdec_lab.memory import kv_cache_bytes
 from specdec_lab.models.llama_cpp import LlamaCppModel, gguf_bytes_read_per_token
@@ -153,3 +154,38 @@ def kv_cache_bytes_at(model, prompt_ids: Sequence[int], num_tokens: int) -> int:
     sequence = open_sequence(model)
     sequence.forward(token_ids, keep=1)
     return kv_cache_bytes(sequence.cache)
+
+
+@torch.inference_mode()
+def batch_cost_grid(model, batch_sizes: Sequence[int], n_values: Sequence[int], prefix_tokens: int = 64,
+                    repeats: int = 3, token_id: int = 100) -> pd.DataFrame:
+    """T_b(n): median wall time (ms) of one forward over b rows of n new tokens each, after a
+    `prefix_tokens` cache in every row, through the batched decoders' own cache (`batched.RaggedCache`),
+    rolled back after each pass. Batch sizes and n are interleaved over repeats; the first round is a
+    warm-up. Columns: batch, n, ms, ms_fit (per batch size, the nondecreasing fit over n, as
+    `forward_cost_curve`'s) and relative_to_one (ms_fit / T_1(1), a single row's one-token step)."""
+    device = model.device
+    token_id = min(token_id, vocab_size(model) - 1)
+    caches = {}
+    for batch in batch_sizes:
+        caches[batch] = RaggedCache(model, batch)
+        caches[batch].forward([[token_id] * prefix_tokens] * batch, keep=1)
+    times: dict[tuple[int, int], list[float]] = {(b, n): [] for b in batch_sizes for n in n_values}
+    for repeat in range(repeats + 1):
+        for batch in batch_sizes:
+            for n in n_values:
+                cache = caches[batch]
+                start = clock(device)
+                cache.forward([[token_id] * n] * batch, keep=n)
+                elapsed = clock(device) - start
+                for row in range(batch):
+                    cache.truncate(row, prefix_tokens)
+                cache.compact()
+                if repeat:
+                    times[(batch, n)].append(1000 * elapsed)
+    grid = pd.DataFrame([{"batch": b, "n": n, "ms": float(pd.Series(times[(b, n)]).median())} for b, n in times])
+    grid = grid.sort_values(["batch", "n"], ignore_index=True)
+    grid["ms_fit"] = [fit for _, group in grid.groupby("batch", sort=True) for fit in nondecreasing(group.ms.tolist())]
+    single = grid[(grid.batch == 1) & (grid.n == 1)].ms_fit
+    grid["relative_to_one"] = grid.ms_fit / single.iloc[0] if len(single) else float("nan")
+    return grid

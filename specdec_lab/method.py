@@ -227,6 +227,8 @@ NO_WEIGHTS = {item.name: None for item in fields(Weights)}  # the columns of a m
 class Method:
     """`decode(prompt_ids) -> GenerationResult`; it builds any per-call state (a candidate
     generator's cache and draft length) itself, so nothing carries over from one prompt to the next.
+    A batched method (notebook 05, `bench.run_batches`) decodes a batch: `decode([prompt_ids, ...])`
+    returns one result per prompt.
 
     `lossless` is declared: the method's greedy output equals greedy AR of the *unquantized* target
     in exact arithmetic. The fp32 controls check the declaration; a declared-lossless method that

@@ -44,6 +44,14 @@ def _positive_int_list(name: str, value) -> str | None:
     return f"{name} must hold integers >= 1 only (k < 1 drafts nothing); bad: {bad}" if bad else None
 
 
+def _batch_sizes(name: str, value) -> str | None:
+    if (not isinstance(value, list) or not value or any(_positive_int(name, v) for v in value)
+            or value != sorted(set(value)) or value[0] != 1):
+        return (f"{name} must be a sorted list of distinct batch sizes that starts with 1 (batch 1 is every "
+                f"row's reference), e.g. [1, 2, 4, 8], got {value!r}")
+    return None
+
+
 def _one_of(choices) -> Callable[[str, object], str | None]:
     def check(name: str, value) -> str | None:
         return None if value in choices else f"{name} must be one of {list(choices)}, got {value!r}"
@@ -226,6 +234,8 @@ RULES: dict[str, Callable[[str, object], str | None]] = {
     "reference_prompts": _positive_int,
     "lookahead_configs": _lookahead_configs,
     "cost_curve_models": _model_dtype_list,
+    # 05_batch
+    "batch_sizes": _batch_sizes,
     # 03_quantized, the engines part
     "engine_prompt_sets": _prompt_set_list,
     "engine_prompts": _positive_int,
@@ -286,7 +296,7 @@ def problems(notebook: str, values: Mapping) -> list[str]:
             problem = RULES[name](name, value)
         if problem:
             found.append(problem)
-    return found + auto_dtype_problems(notebook, values) + tree_problems(values)
+    return found + auto_dtype_problems(notebook, values) + tree_problems(values) + batch_problems(values)
 
 
 def tree_problems(values: Mapping) -> list[str]:
@@ -297,9 +307,22 @@ def tree_problems(values: Mapping) -> list[str]:
     return []
 
 
+def batch_problems(values: Mapping) -> list[str]:
+    """Batches are cut from the prompt set: every batch size must divide the prompt count, so that each
+    size decodes the same prompts."""
+    sizes, prompts = values.get("batch_sizes"), values.get("num_prompts")
+    if not isinstance(sizes, list) or not isinstance(prompts, int) or _batch_sizes("batch_sizes", sizes):
+        return []
+    bad = [size for size in sizes if prompts % size]
+    if bad:
+        return [f"batch_sizes: {bad} do not divide num_prompts = {prompts} (each batch size must decode the same "
+                f"prompts): make num_prompts a multiple of {max(sizes)}, or drop those batch sizes"]
+    return []
+
+
 # The notebooks whose `dtype` may be "auto" (every other dtype of the kit says what it compares: 03's
 # unquantized reference, 04's fp32 CLLM, whose Jacobi must equal its AR).
-AUTO_DTYPE_NOTEBOOKS = ("01_baseline", "02_speculative")
+AUTO_DTYPE_NOTEBOOKS = ("01_baseline", "02_speculative", "05_batch")
 
 
 def auto_dtype_problems(notebook: str, values: Mapping) -> list[str]:

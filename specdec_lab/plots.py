@@ -380,3 +380,45 @@ def nll_bars(nll: pd.DataFrame, title: str = "NLL of the base model's held-out g
     sns.stripplot(data=nll, y="model", x="nll_per_token", color="black", size=3, alpha=0.5, ax=ax)
     ax.set(xlabel="mean NLL per token (nats)", ylabel="")
     return _finish(fig, title)
+
+
+def batch_scaling(table: pd.DataFrame, predicted: pd.DataFrame | None = None, names: Mapping[str, str] | None = None,
+                  title: str = "Batches: throughput and latency against batch size"):
+    """Three panels against batch size (log scale), one line per method with 95% intervals: throughput
+    (tokens/s over the batch), throughput over batched AR's on the same batches (the cost model's
+    prediction dashed, `predicted` from `batch_tables.predicted_vs_measured`), and per-request latency
+    speedup over batched AR's."""
+    fig, axes = plt.subplots(1, 3, figsize=(17, 4.8))
+    colors = dict(zip(table.decoder.unique(), sns.color_palette("tab10")))
+    panels = [("throughput", "tokens/s over the batch"), ("speedup", "throughput ÷ batched AR's"),
+              ("latency_speedup", "latency speedup over batched AR (per request)")]
+    for ax, (column, label) in zip(axes, panels):
+        for decoder, group in table.groupby("decoder", sort=False):
+            group = group.sort_values("batch_size")
+            errors = [(group[column] - group[f"{column}_low"]).fillna(0), (group[f"{column}_high"] - group[column]).fillna(0)]
+            ax.errorbar(group.batch_size, group[column], yerr=errors, marker="o", capsize=3, color=colors[decoder],
+                        label=(names or {}).get(decoder, decoder))
+        if column == "speedup" and predicted is not None and not predicted.empty:
+            for decoder, group in predicted.groupby("decoder", sort=False):
+                group = group.sort_values("batch_size")
+                ax.plot(group.batch_size, group.predicted, "--", color=colors[decoder], alpha=0.8)
+        if column != "throughput":
+            ax.axhline(1.0, color="gray", linestyle=":")
+        ax.set_xscale("log", base=2)
+        ax.set_xticks(sorted(table.batch_size.unique()), labels=[str(b) for b in sorted(table.batch_size.unique())])
+        ax.set(xlabel="batch size", ylabel=label)
+    axes[-1].legend(loc="upper left", bbox_to_anchor=(1.02, 1), fontsize=9, title="method (dashed: predicted)")
+    return _finish(fig, title)
+
+
+def batch_costs(grid: pd.DataFrame, title: str = "Cost of one forward over b rows of n tokens, T_b(n) / T_1(1)"):
+    """The target's forward cost against the tokens it holds (b · n), one line per batch size: where the
+    lines leave the flat part, verifying k + 1 tokens a row stops being nearly free."""
+    fig, ax = plt.subplots(figsize=(8, 4.2))
+    data = grid.assign(tokens=grid.batch * grid.n)
+    sns.lineplot(data=data, x="tokens", y="relative_to_one", hue="batch", marker="o", ax=ax, palette="viridis")
+    ax.set_xscale("log", base=2)
+    ax.axhline(1.0, color="gray", linestyle=":")
+    ax.set(xlabel="tokens in the forward (b rows x n tokens)", ylabel="T_b(n) / T_1(1)")
+    sns.move_legend(ax, "upper left", bbox_to_anchor=(1.01, 1), title="batch size")
+    return _finish(fig, title)

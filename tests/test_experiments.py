@@ -406,7 +406,7 @@ def test_fastest_lossless_ranks_within_each_experiment_by_the_declared_property(
     assert tables.stale == []
     best = tables.fastest_lossless.set_index("experiment").method
     assert best.to_dict() == {"02_speculative": "spec", "04_cllm": "jacobi"}
-    assert outputs.read_headline(tmp_path, "05_summary") == {
+    assert outputs.read_headline(tmp_path, "06_summary") == {
         "fastest lossless method in 02_speculative": "spec: 1.50x (95% CI 1.40-1.60, 10 prompts)",
         "fastest lossless method in 04_cllm": "jacobi: 0.60x (95% CI 0.50-0.70, 10 prompts)"}
     assert "| 02_speculative | blog (fast, not lossless) | no | 2.50 (2.40-2.60) | 10 |" in summary.markdown_table(str(tmp_path))

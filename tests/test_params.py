@@ -93,7 +93,7 @@ CLLM_GOOD = params.load_yaml(REPO_ROOT / "params/smoke/04_cllm.yaml")
     ({"cost_curve_models": [{"model": "smollm2-135m-instruct"}]}, "list of {model, dtype} mappings"),
     ({"cost_curve_models": [{"model": "gpt-17", "dtype": "float32"}]}, "unknown model 'gpt-17'"),
     ({"cost_curve_n": [2, 4]}, "starts with 1"),
-    ({"dtype": "auto"}, "dtype 'auto' is for notebooks 01_baseline, 02_speculative; 04_cllm needs a dtype it names"),
+    ({"dtype": "auto"}, "dtype 'auto' is for notebooks 01_baseline, 02_speculative, 05_batch; 04_cllm needs a dtype it names"),
     ({"reference_dtype": "auto", "device": "cuda"}, "reference_dtype 'auto' chooses among torch's CPU paths, but "
                                                     "device is 'cuda'"),
     ({"learning_curve_prompts": -1}, "learning_curve_prompts must be an integer >= 0"),
@@ -106,3 +106,20 @@ def test_bad_parallel_decoding_values_are_named(change, message):
 def test_dtype_auto_is_taken_where_a_notebook_lets_it():
     assert params.problems("02_speculative", GOOD | {"dtype": "auto"}) == []
     assert params.problems("04_cllm", CLLM_GOOD | {"reference_dtype": "auto"}) == []
+
+
+BATCH_GOOD = params.load_yaml(REPO_ROOT / "params/smoke/05_batch.yaml")
+
+
+@pytest.mark.parametrize("change, message", [
+    ({"batch_sizes": [1, 4, 2]}, "batch_sizes must be a sorted list of distinct batch sizes that starts with 1"),
+    ({"batch_sizes": [0, 2]}, "batch_sizes must be a sorted list of distinct batch sizes that starts with 1"),
+    ({"batch_sizes": [2, 4]}, "batch_sizes must be a sorted list of distinct batch sizes that starts with 1"),
+    ({"batch_sizes": []}, "batch_sizes must be a sorted list"),
+    ({"batch_sizes": [1, 3, 8], "num_prompts": 4}, "batch_sizes: [3, 8] do not divide num_prompts = 4"),
+    ({"k_values": [0]}, "k_values must hold integers >= 1"),
+])
+def test_bad_batch_values_are_named(change, message):
+    found = params.problems("05_batch", BATCH_GOOD | change)
+    assert any(message in problem for problem in found), found
+    assert params.problems("05_batch", BATCH_GOOD | {"dtype": "auto"}) == []

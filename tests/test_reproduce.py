@@ -122,6 +122,14 @@ def test_lossless_methods_reproduce_ar_greedy_exactly_in_fp32(smoke_reports):
     ar = {r["prompt_id"]: r["tokens"] for r in held_out if r["role"] == "target AR"}
     jacobi = [r for r in held_out if r["lossless"] and r["role"] == "parallel"]
     assert jacobi and all(r["tokens"] == ar[r["prompt_id"]] for r in jacobi)
+    # batches: every request of every declared-lossless method, at every batch size, is its prompt's batch-1 AR text
+    batches = jsonl.read(results / "05_batch" / "runs.jsonl")
+    single = {r["prompt_id"]: r["tokens"] for r in batches if r["role"] == "target AR" and r["implementation"] == "ours"
+              and r["batch_size"] == 1}
+    batched = [r for r in batches if r["lossless"] and (r["batch_size"] > 1 or r["role"] != "target AR")]
+    assert {r["role"] for r in batched} == {"target AR", "speculative"} and len(single) >= 2
+    assert {r["batch_size"] for r in batched} == {r["batch_size"] for r in batches}  # every batch size, b = 1 too
+    assert [(r["decoder"], r["batch_size"], r["prompt_id"]) for r in batched if r["tokens"] != single[r["prompt_id"]]] == []
 
 
 def test_an_error_shows_a_message_and_a_hint_not_a_traceback():

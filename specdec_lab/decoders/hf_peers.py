@@ -14,7 +14,7 @@ import torch
 from transformers import GenerationConfig
 
 from specdec_lab.decoders.backend import engine
-from specdec_lab.decoders.common import DecodingRun
+from specdec_lab.decoders.common import DecodingRun, cut_at_stop
 from specdec_lab.models.load import quiet_transformers
 from specdec_lab.result import GenerationResult
 from specdec_lab.sampling import GREEDY, Sampling
@@ -141,3 +141,41 @@ def generate(
         target_forwards=target_counter.count,
         draft_forwards=draft_counter.count if draft_counter is not None else 0,
     )
+
+
+@torch.inference_mode()
+def generate_batch(model, prompts, max_new_tokens: int, stop_ids: Iterable[int] | None = None) -> list[GenerationResult]:
+    """transformers' greedy `generate` on a left-padded batch (an attention mask hides the padding): the AR
+    peer of the kit's batched decoders. transformers has no batched speculation (assisted generation
+    and prompt lookup take one sequence), so it is the only peer at batch > 1. Every row's wall time and
+    target forwards are the batch's: `generate` returns all rows together, and a finished row stays in the
+    batch (padded) until the last one ends."""
+    if engine(model) != "transformers":
+        raise ValueError(f"transformers' generate needs a transformers model, but this one runs on {engine(model)}")
+    runs = [DecodingRun(model, prompt, max_new_tokens, stop_ids) for prompt in prompts]
+    if not runs:
+        raise ValueError("an empty batch: give at least one prompt")
+    stop = sorted(runs[0].stop_ids)
+    pad = stop[0] if stop else 0
+    width = max(len(run.prompt_ids) for run in runs)
+    input_ids = torch.tensor([[pad] * (width - len(run.prompt_ids)) + run.prompt_ids for run in runs], device=model.device)
+    attention_mask = torch.tensor([[0] * (width - len(run.prompt_ids)) + [1] * len(run.prompt_ids) for run in runs],
+                                  device=model.device)
+    special_ids = dict(eos_token_id=stop or None, pad_token_id=pad)
+    config = GenerationConfig(**special_ids, max_new_tokens=max_new_tokens, do_sample=False)
+    counter = _ForwardCounter(model)
+    batch = runs[0]  # one clock and memory sampler for the whole batch
+    try:
+        with quiet_transformers(), _generation_configs([(model, GenerationConfig(**special_ids))]), batch:
+            output = model.generate(input_ids, attention_mask=attention_mask, generation_config=config)
+    finally:
+        counter.remove()
+    results = []
+    for row, run in enumerate(runs):
+        tokens, _ = cut_at_stop(output[row, width:].tolist(), run.stop_ids)
+        results.append(GenerationResult(
+            prompt_length=len(run.prompt_ids), tokens=tokens, wall_time_s=batch.wall_time_s,
+            time_to_first_token_s=float("nan"), peak_memory_bytes=batch.peak_memory_bytes,
+            target_forwards=counter.count, extras={"batch_size": len(runs), "batch_forwards": counter.count,
+                                                   "batch_wall_time_s": batch.wall_time_s}))
+    return results

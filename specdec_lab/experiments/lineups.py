@@ -11,8 +11,8 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Callable, Sequence
 
-from specdec_lab.decoders import (autoregressive, draft_then_score, hf_peers, jacobi, llama_cpp_peer, lookahead,
-                                  speculative)
+from specdec_lab.decoders import (autoregressive, batched, draft_then_score, hf_peers, jacobi, llama_cpp_peer,
+                                  lookahead, speculative)
 from specdec_lab.decoders.backend import engine as engine_of, stop_token_ids
 from specdec_lab.decoders.candidates import (CandidateGenerator, DraftModelCandidates, DraftTreeCandidates,
                                             HybridCandidates, PromptLookupCandidates, PromptLookupTreeCandidates)
@@ -28,6 +28,8 @@ BASE_AR = "AR (base)"
 PRETRAINED_AR = "AR (pretrained, before fine-tuning)"  # when 04 fine-tunes the base on reference answers first
 BASE_JACOBI = "Jacobi (base)"
 CLLM_JACOBI = "Jacobi (CLLM)"
+BATCHED_AR = "AR (ours, batched)"
+BATCHED_GENERATE = "AR (transformers generate, batched)"
 
 
 # --- single methods -------------------------------------------------------------------------------
@@ -369,4 +371,52 @@ def cllm(base: LoadedModel, cllm_model: LoadedModel | None, max_new_tokens: int,
     if cllm_model is not None and lookahead_configs:
         methods.append(lookahead_method(cllm_model, max_new_tokens, lookahead_configs[0], "CLLM", lossless=False,
                                         weights=CLLM_WEIGHTS))
+    return methods
+
+
+# --- batches: each method's decode takes a batch of prompts and returns one result per prompt ----------
+
+def batched_ar(target: LoadedModel, max_new_tokens: int) -> Method:
+    """Our batched AR loop (`batched.generate_ar`): finished rows leave the batch."""
+    def decode(batch):
+        return batched.generate_ar(target.model, batch, max_new_tokens)
+    return Method(BATCHED_AR, decode, lossless=True, role="target AR", engine=engine_of(target.model))
+
+
+def batched_generate(target: LoadedModel, max_new_tokens: int) -> Method:
+    """transformers' greedy `generate` on a left-padded batch: the AR peer (it has no batched speculation)."""
+    def decode(batch):
+        return hf_peers.generate_batch(target.model, batch, max_new_tokens)
+    return Method(BATCHED_GENERATE, decode, lossless=True, role="target AR", implementation="transformers")
+
+
+def batched_draft(target: LoadedModel, draft: LoadedModel, k: int, max_new_tokens: int) -> Method:
+    """Our batched speculative decoder with the draft model at constant k (one batched draft forward a
+    drafted position)."""
+    check_same_tokenizer(target.tokenizer, draft.tokenizer, target.name, draft.name)
+
+    def decode(batch):
+        return batched.generate_speculative(target.model, batched.BatchedDraft(draft.model, k), batch, max_new_tokens)
+    return Method(f"draft k={k} (batched)", decode, lossless=True, role="speculative", source=draft_source(k),
+                  engine=engine_of(target.model))
+
+
+def batched_prompt_lookup(target: LoadedModel, k: int, max_new_tokens: int) -> Method:
+    """Our batched speculative decoder with prompt lookup (adaptive, longest match), one source per row."""
+    def decode(batch):
+        source = batched.PerRow(lambda: PromptLookupCandidates(k, max_ngram=PROMPT_LOOKUP_NGRAM))
+        return batched.generate_speculative(target.model, source, batch, max_new_tokens)
+    return Method(f"prompt lookup k={k} (batched)", decode, lossless=True, role="speculative",
+                  source=prompt_lookup_source(k), engine=engine_of(target.model))
+
+
+def batch_lineup(target: LoadedModel, draft: LoadedModel | None, k_values: Sequence[int], prompt_lookup_k: int,
+                 max_new_tokens: int) -> list[Method]:
+    """Batched AR (ours, the baseline; transformers' generate, its peer), the draft model at each k and
+    prompt lookup (0: none), all greedy."""
+    methods = [batched_ar(target, max_new_tokens), batched_generate(target, max_new_tokens)]
+    if draft is not None:
+        methods += [batched_draft(target, draft, k, max_new_tokens) for k in k_values]
+    if prompt_lookup_k:
+        methods.append(batched_prompt_lookup(target, prompt_lookup_k, max_new_tokens))
     return methods

@@ -1,4 +1,4 @@
-"""Notebook 05: every method on one page. Reads the summary.csv each experiment notebook wrote
+"""Notebook 06: every method on one page. Reads the summary.csv each experiment notebook wrote
 (runs nothing) and ranks the methods declared lossless within each experiment: a ranking across
 notebooks would compare speedups over different prompts, lengths and baselines.
 
@@ -17,9 +17,9 @@ from specdec_lab import words
 from specdec_lab.experiments.common import params_id
 from specdec_lab.metrics import Speedup
 from specdec_lab.runs import outputs
-from specdec_lab.runs.paths import results_path
+from specdec_lab.runs.paths import NOTEBOOKS_DIR, results_path
 
-NOTEBOOK = "05_summary"
+NOTEBOOK = "06_summary"
 
 
 @dataclass
@@ -99,7 +99,9 @@ def markdown_table(results_dir: str) -> str:
 def readme_results(results_dir: str) -> str:
     """The README's results: the table, then each notebook's headline numbers, all from `results_dir`."""
     lines = [markdown_table(results_dir), ""]
-    for path in sorted(p.parent.name for p in results_path(results_dir).glob(f"*/{outputs.HEADLINE_FILE}")):
+    notebooks = {p.stem for p in NOTEBOOKS_DIR.glob("*.ipynb")}  # a folder a renamed notebook left behind is not listed
+    for path in sorted(p.parent.name for p in results_path(results_dir).glob(f"*/{outputs.HEADLINE_FILE}")
+                       if p.parent.name in notebooks):
         numbers = outputs.read_headline(results_dir, path)
         lines.append(f"- **{path}**: " + "; ".join(f"{name}: {value}" for name, value in numbers.items()))
     return "\n".join(lines)

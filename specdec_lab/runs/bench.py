@@ -162,3 +162,95 @@ def complete_units(rows: list[dict], names: Sequence[str] | Callable[[str], Sequ
         if set(expected) <= set(written):
             complete[(prompt_id, repeat)] = [written[name] for name in expected]
     return complete
+
+
+# --- batches: several prompts decoded together ---------------------------------------------------------
+
+def batch_units(prompts: Sequence[Prompt], batch_sizes: Sequence[int], repeats: int, seed: int = 0
+                ) -> list[tuple[int, int, int, list[Prompt]]]:
+    """(batch size, repeat, group, the group's prompts) for every batch to run: per repeat the prompts
+    are shuffled (seeded by seed + repeat) and cut into consecutive groups of each batch size, so every
+    repeat pairs them differently. A last group short of the size is left out: where every batch size
+    divides the prompt count (notebook 05's parameters check it), each size decodes the same prompts."""
+    import random
+
+    units = []
+    for repeat in range(repeats):
+        order = list(prompts)
+        random.Random(seed + repeat).shuffle(order)
+        for batch in batch_sizes:
+            for group in range(len(order) // batch):
+                units.append((batch, repeat, group, order[group * batch:(group + 1) * batch]))
+    return units
+
+
+def run_batches(
+    methods: Sequence[Method],
+    prompts: Sequence[Prompt],
+    tokenizer,
+    out: str | Path,
+    batch_sizes: Sequence[int],
+    repeats: int = 1,
+    warmup: int = 1,
+    config: Mapping | None = None,
+    seed: int = 0,
+    chat: bool = True,
+    desc: str = "batches",
+) -> pd.DataFrame:
+    """`run` for batched methods: each method's `decode` takes a batch of prompts' ids and returns one
+    result per prompt. The unit of work is one batch (`batch_units`): every method on it, back to back,
+    in one process, one row per request (`batch_size`, `repeat`, `group` beside the row's labels). A
+    batch an interruption left incomplete, or whose rows hold other prompts than the batch now cut from
+    the prompt set, is run again whole on resume. The `warmup` runs take the largest batch to run (the
+    memory a batch takes grows with its size)."""
+    check_arguments(methods, prompts, repeats, {})
+    if not batch_sizes or any(int(b) < 1 for b in batch_sizes) or max(batch_sizes) > len(prompts):
+        raise ValueError(f"batch sizes must be >= 1 and at most the {len(prompts)} prompts, got {list(batch_sizes)}: "
+                         "lower the batch sizes or raise num_prompts")
+    names = [method.name for method in methods]
+    run_config = {"config": dict(config or {}), "decoders": sorted(names), "chat": chat, "row_format": ROW_FORMAT,
+                  "batch_sizes": list(batch_sizes), "seed": seed}
+    run_id = jsonl.config_hash(run_config)
+    units = batch_units(prompts, batch_sizes, repeats, seed)
+    members = {unit[:3]: {p.id for p in unit[3]} for unit in units}
+    complete = complete_batches(jsonl.rows_of_run(out, run_id), names, members)
+    todo = [unit for unit in units if unit[:3] not in complete]
+    encoded = {p.id: encode(tokenizer, p, chat=chat) for p in prompts}
+
+    if todo and warmup:
+        largest = [encoded[p.id] for p in max(todo, key=lambda unit: unit[0])[3]]
+        for method in tqdm(methods, desc=f"{desc}: warm-up", leave=False):
+            for _ in range(warmup):
+                method(largest)
+    env, process = environment(), uuid.uuid4().hex[:12]
+    bar = tqdm(todo, desc=desc, initial=len(units) - len(todo), total=len(units), unit="batch")
+    for batch, repeat, group, group_prompts in bar:
+        for method in methods:
+            bar.set_postfix_str(f"b={batch} {method.name}")
+            results = method([encoded[p.id] for p in group_prompts])
+            if len(results) != len(group_prompts):
+                raise ValueError(f"{method.name} returned {len(results)} results for a batch of {len(group_prompts)}")
+            for prompt, result in zip(group_prompts, results):
+                jsonl.append(out, result_row(result, tokenizer, run_id=run_id, process=process, **method.labels(),
+                                             prompt_id=prompt.id, category=prompt.category, batch_size=batch,
+                                             repeat=repeat, group=group, config=run_config["config"], env=env))
+    complete = complete_batches(jsonl.rows_of_run(out, run_id), names, members)
+    labels = {method.name: method.labels() for method in methods}
+    return pd.DataFrame([{**row, **labels[row["decoder"]]} for unit in units for row in complete.get(unit[:3], [])])
+
+
+def complete_batches(rows: list[dict], names: Sequence[str], members: Mapping[tuple[int, int, int], set[str]]
+                     ) -> dict[tuple[int, int, int], list[dict]]:
+    """(batch size, repeat, group) -> the rows of its latest complete run: every method's row of every
+    request of the batch (the prompts `members` gives it), all written by one process."""
+    by_process: dict[tuple, dict[str, list[dict]]] = {}
+    for row in rows:
+        key = (row["batch_size"], row["repeat"], row["group"], row.get("process"))
+        by_process.setdefault(key, {}).setdefault(row["decoder"], []).append(row)
+    complete = {}
+    for (batch, repeat, group, _), written in by_process.items():  # in file order: a later process wins
+        expected = members.get((batch, repeat, group))
+        if expected is not None and set(names) <= set(written) and all(
+                {row["prompt_id"] for row in written[name]} == expected and len(written[name]) == batch for name in names):
+            complete[(batch, repeat, group)] = [row for name in names for row in written[name]]
+    return complete
