@@ -16,10 +16,12 @@ from tiny import tiny_llama
 AR, SPEC = "AR (ours, batched)", "draft k=2 (batched)"
 
 
-def request(decoder, batch_size, group, prompt, tokens, wall, batch_wall, forwards, kind=None, k=None, repeat=0):
+def request(decoder, batch_size, group, prompt, tokens, wall, batch_wall, forwards, kind=None, k=None, repeat=0,
+            first_token=1.0):
     accepted = [1] * (forwards - 1) + [0] if kind else [0] * forwards
     return {"decoder": decoder, "batch_size": batch_size, "repeat": repeat, "group": group, "prompt_id": prompt,
-            "tokens": tokens, "num_tokens": len(tokens), "wall_time_s": wall, "tokens_per_target_forward": len(tokens) / forwards,
+            "tokens": tokens, "num_tokens": len(tokens), "wall_time_s": wall, "time_to_first_token_s": first_token,
+            "tokens_per_target_forward": len(tokens) / forwards,
             "extras": {"batch_wall_time_s": batch_wall}, "role": "speculative" if kind else "target AR",
             "implementation": "ours", "source_kind": kind, "k": k, "lossless": True,
             "accepted_per_step": accepted, "proposed_per_step": [2] * forwards if kind else [0] * forwards}
@@ -53,6 +55,8 @@ def test_throughput_latency_and_agreement_from_known_rows():
     assert table.loc[(SPEC, 2)].latency_speedup == pytest.approx((1.25 * 2.5) ** 0.5)
     assert table.loc[(SPEC, 1)].latency_speedup == pytest.approx((2.0 * 4.0) ** 0.5)
     assert table.loc[(SPEC, 1)].tokens_per_forward == pytest.approx(2.0)
+    # decode only: 3 tokens after the first, after the first forward's 1 s: AR 3/3 s (p) and 3/7 s (q), the draft 3/1 s
+    assert table.loc[(SPEC, 1)].decode_speedup == pytest.approx((3.0 * 7.0) ** 0.5)
     # agreement is with the batch-1 AR text: q at batch 2 keeps 2 of 4 tokens
     assert table.loc[(SPEC, 2)].agreement == pytest.approx((1.0 + 0.5) / 2)
     assert table.loc[(SPEC, 2)].full_match_rate == pytest.approx(0.5)
@@ -86,12 +90,14 @@ def test_best_k_and_the_crossover():
     assert cost_model.crossover_batch({1: 1.5, 2: 1.1}) is None
     measured = pd.DataFrame({"batch_size": [1, 1, 2, 2], "k": [2, 4, 2, 4], "speedup": [1.3, 1.1, 0.9, 0.8],
                              "speedup_low": [1.2, 1.0, 0.8, 0.7], "speedup_high": [1.4, 1.2, 1.0, 0.9],
+                             "decode_speedup": [1.5, 1.6, 1.1, 0.9], "decode_speedup_high": [1.6, 1.7, 1.2, 1.0],
                              "predicted": [1.2, 1.25, 0.95, 0.9]})
     chosen = batch_tables.best_k(measured).set_index("batch_size")
     assert chosen.loc[1].predicted_k == 4 and chosen.loc[1].measured_k == 2 and chosen.loc[2].measured == 0.9
     # at batch 2 the best k's point estimate is below 1 but its interval reaches 1.0: not shown to stop paying
     assert batch_tables.crossovers(batch_tables.best_k(measured)) == {"predicted": 2, "measured": None,
-                                                                      "measured_point": 2}
+                                                                      "measured_point": 2, "decode": None}
+    assert chosen.loc[1].decode_k == 4 and chosen.loc[2].decode == 1.1
     below = measured.assign(speedup_high=[1.4, 1.2, 0.95, 0.9])
     assert batch_tables.crossovers(batch_tables.best_k(below))["measured"] == 2
 

@@ -27,7 +27,7 @@ class Tables:
     alpha: float  # the draft's per-token acceptance, pooled over every batch size
     predicted: pd.DataFrame  # per (k, batch size): predicted and measured throughput ratio over AR
     best_k: pd.DataFrame  # per batch size: predicted and measured best k
-    crossover: dict  # {"predicted", "measured", "measured_point"}: b where the draft stops paying, or None
+    crossover: dict  # {"predicted", "measured", "measured_point", "decode"}: b where the draft stops paying, or None
     peer: pd.DataFrame  # per batch size: our AR's throughput over transformers' generate's
     precision: str
     cpu: str
@@ -59,7 +59,7 @@ def run(params: dict) -> Tables:
         draft_costs, alpha, predicted = pd.DataFrame(), float("nan"), pd.DataFrame()
     best = batch_tables.best_k(predicted) if not predicted.empty else pd.DataFrame()
     tables = Tables(rows, table, target_costs, draft_costs, alpha, predicted, best,
-                    batch_tables.crossovers(best) if not best.empty else dict.fromkeys(["predicted", "measured", "measured_point"]),
+                    batch_tables.crossovers(best) if not best.empty else dict.fromkeys(["predicted", "measured", "measured_point", "decode"]),
                     batch_tables.peer_ratio(table, lineups.BATCHED_AR, lineups.BATCHED_GENERATE),
                     target.precision, cpu_model()["cpu_model"], params)
     # headline only: the summary ranks per-token speedups over prompts, and a batch's are throughput over batches

@@ -20,11 +20,16 @@ BATCH_KEYS = ["batch_size", "repeat", "group"]
 
 
 def batches(rows: pd.DataFrame) -> pd.DataFrame:
-    """One line per (decoder, batch): generated tokens, wall time and throughput (tokens/s over the batch)."""
+    """One line per (decoder, batch): generated tokens, wall time, throughput (tokens/s over the batch),
+    and decode throughput: the tokens after each request's first over the time after the batch's first
+    forward (the prefill, and for a speculative method its first verification; NaN where a peer cannot
+    say when its first token came), the part of the run the cost model prices."""
     rows = rows.assign(batch_wall_time_s=rows.extras.map(lambda extras: extras["batch_wall_time_s"]))
     out = rows.groupby(["decoder", *BATCH_KEYS], sort=False).agg(
-        tokens=("num_tokens", "sum"), wall_time_s=("batch_wall_time_s", "max")).reset_index()
+        tokens=("num_tokens", "sum"), requests=("num_tokens", "size"), wall_time_s=("batch_wall_time_s", "max"),
+        first_token_s=("time_to_first_token_s", "max")).reset_index()
     out["throughput"] = out.tokens / out.wall_time_s
+    out["decode_throughput"] = (out.tokens - out.requests) / (out.wall_time_s - out.first_token_s)
     return out
 
 
@@ -35,12 +40,16 @@ def throughput_speedups(rows: pd.DataFrame, baseline: str) -> pd.DataFrame:
     base = per_batch[per_batch.decoder == baseline].set_index(BATCH_KEYS).throughput
     if base.empty:
         raise ValueError(f"baseline {baseline!r} has no rows; decoders present: {sorted(rows.decoder.unique())}")
-    per_batch["ratio"] = per_batch.throughput / base.reindex(pd.MultiIndex.from_frame(per_batch[BATCH_KEYS])).to_numpy()
+    keys = pd.MultiIndex.from_frame(per_batch[BATCH_KEYS])
+    per_batch["ratio"] = per_batch.throughput / base.reindex(keys).to_numpy()
+    decode_base = per_batch[per_batch.decoder == baseline].set_index(BATCH_KEYS).decode_throughput
+    per_batch["decode_ratio"] = per_batch.decode_throughput / decode_base.reindex(keys).to_numpy()
     lines = []
     for (decoder, batch_size), group in per_batch.groupby(["decoder", "batch_size"], sort=False):
         throughput, ratio = metrics.over_prompts(group.throughput), metrics.over_prompts(group.ratio)
+        decode = metrics.over_prompts(group.decode_ratio)
         lines.append({"decoder": decoder, "batch_size": batch_size, **throughput.columns("throughput"),
-                      **ratio.columns("speedup")})
+                      **decode.columns("decode_speedup"), **ratio.columns("speedup")})
     return pd.DataFrame(lines).rename(columns={"prompts": "batches"})
 
 
@@ -98,15 +107,18 @@ def draft_alpha(rows: pd.DataFrame) -> float:
 
 def predicted_vs_measured(lines: pd.DataFrame, alpha: float, target_grid: pd.DataFrame,
                           draft_grid: pd.DataFrame) -> pd.DataFrame:
-    """Per draft-model line (k, batch size): the cost model's throughput ratio over AR
-    (`cost_model.batch_speedup_from_costs` with the measured alpha and T_b(n), D_b(1)) beside the measured one."""
+    """Per draft-model line (k, batch size): the cost model's ratio over AR (`cost_model.batch_speedup_from_costs`
+    with the measured alpha and T_b(n), D_b(1)) beside the measured ones. The model prices decode steps, so
+    its `error` is against the decode-only measurement (`decode_speedup`); `speedup` (with each batch's
+    prefill) is what a user gets."""
     target_ms, draft_ms = cost_curves(target_grid), cost_curves(draft_grid)
     drafted = lines[lines.source_kind == "draft model"]
-    out = drafted[["decoder", "batch_size", "k", "speedup", "speedup_low", "speedup_high", "batches"]].copy()
+    out = drafted[["decoder", "batch_size", "k", "speedup", "speedup_low", "speedup_high", "decode_speedup",
+                   "decode_speedup_low", "decode_speedup_high", "batches"]].copy()
     out["k"] = out.k.astype(int)
     out["predicted"] = [cost_model.batch_speedup_from_costs(alpha, k, target_ms, draft_ms, b)
                         for k, b in zip(out.k, out.batch_size)]
-    out["error"] = out.predicted / out.speedup - 1
+    out["error"] = out.predicted / out.decode_speedup - 1
     return out.reset_index(drop=True)
 
 
@@ -116,9 +128,12 @@ def best_k(predicted: pd.DataFrame) -> pd.DataFrame:
     lines = []
     for batch_size, group in predicted.groupby("batch_size"):
         by_prediction, by_measurement = group.loc[group.predicted.idxmax()], group.loc[group.speedup.idxmax()]
+        by_decode = group.loc[group.decode_speedup.idxmax()]
         lines.append({"batch_size": batch_size, "predicted_k": int(by_prediction.k), "predicted": by_prediction.predicted,
                       "measured_k": int(by_measurement.k), "measured": by_measurement.speedup,
-                      "measured_low": by_measurement.speedup_low, "measured_high": by_measurement.speedup_high})
+                      "measured_low": by_measurement.speedup_low, "measured_high": by_measurement.speedup_high,
+                      "decode_k": int(by_decode.k), "decode": by_decode.decode_speedup,
+                      "decode_high": by_decode.decode_speedup_high})
     return pd.DataFrame(lines)
 
 
@@ -126,10 +141,12 @@ def crossovers(best: pd.DataFrame) -> dict[str, int | None]:
     """The batch size where the draft model stops paying for throughput (None: it pays at every batch
     size measured): by the cost model, from its best k; measured, the first batch size whose best k's
     interval lies below 1 (`measured`), and the first whose point estimate does (`measured_point`: a
-    maximum over noisy k is biased up, and a ratio whose interval spans 1 has not stopped paying yet)."""
+    maximum over noisy k is biased up, and a ratio whose interval spans 1 has not stopped paying yet), and
+    the first whose best k's decode-only interval does (`decode`: what the cost model prices)."""
     return {"predicted": cost_model.crossover_batch(dict(zip(best.batch_size, best.predicted))),
             "measured": cost_model.crossover_batch(dict(zip(best.batch_size, best.measured_high))),
-            "measured_point": cost_model.crossover_batch(dict(zip(best.batch_size, best.measured)))}
+            "measured_point": cost_model.crossover_batch(dict(zip(best.batch_size, best.measured))),
+            "decode": cost_model.crossover_batch(dict(zip(best.batch_size, best.decode_high)))}
 
 
 def peer_ratio(lines: pd.DataFrame, ours: str, peer: str) -> pd.DataFrame:
