@@ -119,7 +119,9 @@ def crop_cache(cache: DynamicCache, length: int) -> None:
 
 
 def additive_mask(visible: torch.Tensor, dtype: torch.dtype, device) -> torch.Tensor:
-    """The (1, 1, q, k) float mask transformers' eager and sdpa attention both add to the scores."""
+    """The float mask transformers' eager and sdpa attention both add to the scores: 0 where `visible`,
+    the dtype's lowest value elsewhere (exp() of it is exactly 0). A (q, k) matrix gives (1, 1, q, k);
+    a batch's (rows, q, k) gives (rows, 1, q, k)."""
     mask = torch.zeros(visible.shape, dtype=dtype)
     mask.masked_fill_(~visible.to(torch.bool), torch.finfo(dtype).min)
-    return mask[None, None].to(device)
+    return (mask[None, None] if mask.dim() == 2 else mask[:, None]).to(device)

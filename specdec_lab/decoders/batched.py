@@ -31,7 +31,7 @@ from typing import Protocol
 import torch
 from transformers import DynamicCache
 
-from specdec_lab.decoders.backend import engine, stop_token_ids, vocab_size
+from specdec_lab.decoders.backend import additive_mask, engine, stop_token_ids, vocab_size
 from specdec_lab.decoders.candidates import CandidateGenerator, Candidates
 from specdec_lab.decoders.common import as_token_list, check_max_new_tokens, clock, cut_at_stop
 from specdec_lab.decoders.speculative import accept_greedy, accept_sampled
@@ -96,7 +96,7 @@ class RaggedCache:
         visible = torch.cat([self.valid[:, None, :].expand(-1, width, -1), new], dim=2)
         device = self.model.device
         output = self.model(input_ids=input_ids.to(device), position_ids=positions.to(device),
-                            attention_mask=additive_batch_mask(visible, self.model.dtype, device),
+                            attention_mask=additive_mask(visible, self.model.dtype, device),
                             cache=self.cache, use_cache=True, logits_to_keep=keep)
         self.valid = torch.cat([self.valid, real], dim=1)
         self.lengths = [length + size for length, size in zip(self.lengths, sizes)]
@@ -143,13 +143,6 @@ class RaggedCache:
                 if hasattr(layer, "cumulative_length"):
                     layer.cumulative_length = layer.keys.shape[-2]
 
-
-def additive_batch_mask(visible: torch.Tensor, dtype: torch.dtype, device) -> torch.Tensor:
-    """The (rows, 1, queries, keys) float mask transformers' attention adds to the scores: 0 where
-    `visible`, the dtype's lowest value elsewhere (exp() of it is exactly 0)."""
-    mask = torch.zeros(visible.shape, dtype=dtype)
-    mask.masked_fill_(~visible, torch.finfo(dtype).min)
-    return mask[:, None].to(device)
 
 
 # --- one request's bookkeeping --------------------------------------------------------------------------
@@ -384,25 +377,26 @@ def generate_speculative(target, candidate_generator: BatchedCandidateGenerator,
         cache = RaggedCache(target, len(run.requests))
         candidate_generator.reset(len(run.requests), vocab_size(target))
         while run.active:
+            texts = [request.tokens for request in run.active]  # prompt + generated, once a step
             left = [max_new_tokens - len(request.generated) for request in run.active]
-            proposals = candidate_generator.propose([r.tokens for r in run.active], [n - 1 for n in left], sampling, rng)
+            proposals = candidate_generator.propose(texts, [n - 1 for n in left], sampling, rng)
             for candidates in proposals:
                 if not is_chain(candidates):
                     raise ValueError("batched speculative decoding verifies chains only: a token tree was proposed "
                                      "(use speculative.generate for trees, one sequence at a time)")
-            inputs = [r.tokens[length:] + c.token_ids for r, length, c in zip(run.active, cache.lengths, proposals)]
+            inputs = [text[length:] + c.token_ids for text, length, c in zip(texts, cache.lengths, proposals)]
             keep = max(len(c.token_ids) for c in proposals) + 1
             logits = cache.forward(inputs, keep=keep)
             run.forwards += 1
             done, accepted_counts = [], []
-            for row, (request, candidates) in enumerate(zip(run.active, proposals)):
+            for row, (request, text, candidates) in enumerate(zip(run.active, texts, proposals)):
                 proposed = len(candidates.token_ids)
                 rows = logits[row, keep - proposed - 1:]  # this row's proposal and the position after it
                 if sampling.greedy:
                     accepted, token = accept_greedy(rows, candidates.token_ids)
                 else:
                     accepted, token = accept_sampled(rows, candidates, sampling, rng)
-                cache.truncate(row, len(request.tokens) + accepted)  # every token but the new last one
+                cache.truncate(row, len(text) + accepted)  # every token but the new last one
                 accepted_counts.append(accepted)
                 done.append(request.add_step(candidates.token_ids[:accepted], token, proposed,
                                              candidate_generator.origin, run.stop_ids, max_new_tokens))
