@@ -289,7 +289,8 @@ def test_the_engines_experiment_compares_both_engines_per_kind(tmp_path):
     assert set(tables.curves.engine) == {"transformers", "llama.cpp"}
     assert len(tables.roofline) == 3 and tables.roofline.fraction_of_bound.between(0.01, 1.5).all()
     assert len(tables.best) == 2 and tables.torch_path == "torch fp32"
-    for sentence in [engines_words.paths_sentence(tables.dense_paths, tables.torch_path),
+    assert tables.torch_ar_path == "torch fp32"  # a dtype given: the one path of both
+    for sentence in [engines_words.paths_sentence(tables.dense_paths, tables.torch_path, tables.torch_ar_path),
                      *engines_words.roofline_sentences(tables.roofline),
                      *engines_words.cost_sentences(tables.curves), *engines_words.best_sentences(tables.best),
                      *engines_words.prediction_sentences(tables.predicted, tables.curves),
@@ -322,7 +323,7 @@ def test_the_prediction_prices_each_step_at_the_engines_own_costs():
         return Method(name, lambda ids: None, lossless=True, role=role, source=source, engine="llama.cpp")
     methods = [method("AR", "target AR"), method("lookup", "speculative", CandidateSource("prompt lookup", k=3)),
                method("draft", "speculative", CandidateSource("draft model", k=3))]
-    assert engine_ar(methods, "llama.cpp").name == "AR"
+    assert {engine_ar(methods, m).name for m in methods} == {"AR"}
     curves = pd.DataFrame({"n": [1, 2, 4, 1], "ms_fit": [10.0, 14.0, 25.0, 2.0], "engine": ["llama.cpp"] * 4,
                            "model_role": ["target"] * 3 + ["draft"]})
     rows = []
@@ -348,3 +349,26 @@ def test_a_zoo_model_stops_on_the_same_tokens_on_both_engines():
     on_torch = models.load("smollm2-135m-instruct", dtype="float32")
     assert stop_token_ids(on_llama.model) == stop_token_ids(on_torch.model) != frozenset()
     assert on_llama.quantization == "Q4_1" and on_llama.dtype is None and on_llama.weight_bytes > 50e6
+
+
+def test_each_method_is_checked_against_the_ar_of_its_own_engine_and_weights():
+    """With the torch AR a user would run (int4 weight-only) beside the verifying target's (bf16),
+    a torch method's reference is the AR on its own weights, never the other torch AR."""
+    from specdec_lab.experiments.engines import engine_ar
+    from specdec_lab.method import CandidateSource, Method, Weights
+
+    def method(name, role, engine, quantization, source=None):
+        return Method(name, lambda ids: None, lossless=True, role=role, source=source, engine=engine,
+                      weights=Weights(quantization=quantization))
+    lookup = CandidateSource("prompt lookup", k=3)
+    ar_llama, ar_bf16, ar_int4 = (method("AR llama", "target AR", "llama.cpp", "Q4_K_M"),
+                                  method("AR bf16", "target AR", "transformers", "none"),
+                                  method("AR int4", "target AR", "transformers", "int4-wo"))
+    lookup_torch = method("lookup torch", "speculative", "transformers", "none", lookup)
+    lookup_llama = method("lookup llama", "speculative", "llama.cpp", "Q4_K_M", lookup)
+    methods = [ar_llama, ar_bf16, ar_int4, lookup_torch, lookup_llama]
+    assert engine_ar(methods, lookup_torch) is ar_bf16
+    assert engine_ar(methods, ar_int4) is ar_int4
+    assert engine_ar(methods, lookup_llama) is ar_llama
+    with pytest.raises(ValueError, match="expected one AR of the kit on transformers with none weights"):
+        engine_ar([*methods, method("AR bf16 again", "target AR", "transformers", "none")], lookup_torch)

@@ -294,7 +294,9 @@ def add_accuracy(tables: Tables, params: dict, rows: pd.DataFrame, pretrained_ro
 
 
 def load_reference(params: dict) -> LoadedModel:
-    return models.load(params["reference_model"], dtype=params["reference_dtype"], device=params["device"])
+    # lookahead and Jacobi verify many tokens a forward: 'auto' takes the path fastest at that
+    return models.load(params["reference_model"], dtype=params["reference_dtype"], device=params["device"],
+                       multi_token=True)
 
 
 def curve_dtype(loaded: LoadedModel) -> str:

@@ -7,7 +7,10 @@ notebook 02:
   over) and its prompt lookup;
 - the kit's decoders on llama.cpp, same files (`decoders.backend`): AR, the draft model (constant
   k, so Leviathan's formula applies as it stands), prompt lookup and the hybrid;
-- the kit's decoders on torch, on the fastest dense path measured for this CPU (`models.dense_path`).
+- the kit's decoders on torch, the target on the dense path measured fastest for multi-token
+  forwards on this CPU (it verifies proposals), the draft on the one fastest for one-token ones
+  (`models.dense_path`); and, where it differs, the kit's AR on the target's fastest one-token path,
+  the torch AR a user would run.
 T(n) of both engines feeds the cost model, whose prediction per kind and engine stands beside the
 measurement. A lossless method's text is checked against its own engine's AR (llama.cpp's batched
 and one-token kernels may round apart: the first differing token is shown).
@@ -43,7 +46,8 @@ class EngineTables:
     roofline: pd.DataFrame  # each AR loop's decode speed against bandwidth / bytes read per token
     dense_paths: pd.DataFrame  # each torch path's prefill and step time, target and draft, on this CPU
     first_differences: pd.DataFrame  # where a lossless method's text parts from its engine's AR, and why
-    torch_path: str  # the torch path the kit's torch methods ran on
+    torch_path: str  # the torch path of the target the kit's torch methods ran on (fastest at verifying)
+    torch_ar_path: str  # the target's fastest one-token torch path, where its AR ran too
     token_views: object = None  # one prompt per kind, the kit's methods on both engines, coloured by token origin
 
 
@@ -82,12 +86,17 @@ def run(params: dict) -> EngineTables:
     out = common.results_file(params, NOTEBOOK, "engines.jsonl")
     specs = {"target": params["target"], "draft": params["draft"]}
 
-    paths = pd.DataFrame([{"model_role": role, "path": timing.label, **vars(timing), "generation_s": timing.generation_s}
+    paths = pd.DataFrame([{"model_role": role, "path": timing.label, **vars(timing),
+                           "generation_s": timing.generation_s(), "multi_token_generation_s": timing.generation_s(True),
+                           "multi_token_width": dense_path.MULTI_TOKEN_WIDTH}
                           for role, spec in specs.items()
                           for timing in dense_path.measured_paths(spec, new_tokens=new_tokens)])
-    chosen = {role: dense_path.resolve(spec, params["torch_path"], new_tokens=new_tokens) for role, spec in specs.items()}
+    # the target verifies (multi-token forwards); the draft drafts (one-token forwards)
+    chosen = {role: dense_path.resolve(spec, params["torch_path"], new_tokens=new_tokens,
+                                       multi_token=role == "target") for role, spec in specs.items()}
     on_torch = {role: models.load(spec, dtype=chosen[role][0], quantization=chosen[role][1])
                 for role, spec in specs.items()}
+    ar_path = dense_path.resolve(params["target"], params["torch_path"], new_tokens=new_tokens)
     on_llama = {role: models.load_on_llama_cpp(spec) for role, spec in specs.items()}
 
     curves = pd.concat([hardware.forward_cost_curve(loaded.model, params["engine_cost_curve_n"],
@@ -105,16 +114,26 @@ def run(params: dict) -> EngineTables:
         engine = engine_of(group["target"].model)
         cost_ratio = step_ms[(engine, "draft")] / step_ms[(engine, "target")]
         methods += lineup(group["target"], group["draft"], k, lookup_k, new_tokens, cost_ratio, where)
+    target_for_ar = on_torch["target"]
+    if ar_path[1] != chosen["target"][1]:  # another quantization: the torch AR a user would run, beside
+        target_for_ar = models.load(params["target"], dtype=ar_path[0], quantization=ar_path[1])
+        methods.append(lineups.ar(target_for_ar, new_tokens, name=f"AR (ours · {torch_label(target_for_ar)})",
+                                  lossless=False, weights=Weights(quantization=target_for_ar.quantization)))
+    elif ar_path != chosen["target"]:
+        print(f"the target's fastest one-token path, {ar_path}, differs from its verify path only in dtype: "
+              f"its AR is not run beside (the AR rows of one engine and quantization are one reference)")
     rows = bench.run(methods, prompts, target_on_llama.tokenizer, out=out, repeats=params["repeats"],
                      warmup=params["warmup"], config={**params, "torch_path": [list(c) for c in chosen.values()]},
                      desc="engines")
     per_kind = per_kind_table(rows, methods)
+    ar_loops = [m for m in methods if m.role == "target AR" and m.implementation == "ours"]
+    targets = {m.name: model for m in ar_loops for model in (on_llama["target"], on_torch["target"], target_for_ar)
+               if engine_of(model.model) == m.engine and model.quantization == m.weights.quantization}
     weights_read = {PEER_AR: hardware.bytes_read_per_token(target_on_llama.model),
-                    **{engine_ar(methods, engine_of(group["target"].model)).name:
-                       hardware.bytes_read_per_token(group["target"].model) for group in (on_llama, on_torch)}}
+                    **{name: hardware.bytes_read_per_token(model.model) for name, model in targets.items()}}
     return EngineTables(rows, per_kind, best_table(per_kind, methods), predicted_table(rows, methods, curves),
                         curves, roofline_table(rows, weights_read, hardware.memory_bandwidth()), paths,
-                        first_differences(rows, methods), torch_label(on_torch["target"]),
+                        first_differences(rows, methods), torch_label(on_torch["target"]), torch_label(target_for_ar),
                         token_view.views_of_rows(rows, target_on_llama.tokenizer))
 
 
@@ -130,9 +149,15 @@ def roofline_table(rows: pd.DataFrame, bytes_read: dict[str, int], bandwidth: fl
     return pd.DataFrame(lines)
 
 
-def engine_ar(methods: list[Method], engine: str) -> Method:
-    """The kit's AR on `engine`: the reference a lossless method there must equal."""
-    return next(m for m in methods if m.role == "target AR" and m.implementation == "ours" and m.engine == engine)
+def engine_ar(methods: list[Method], method: Method) -> Method:
+    """The kit's AR on `method`'s engine and target weights: the reference it must equal."""
+    quantization = method.weights.quantization if method.weights else None
+    found = [m for m in methods if m.role == "target AR" and m.implementation == "ours" and m.engine == method.engine
+             and (quantization is None or m.weights is None or m.weights.quantization == quantization)]
+    if len(found) != 1:
+        raise ValueError(f"expected one AR of the kit on {method.engine} with {quantization} weights for "
+                         f"{method.name!r}, found {[m.name for m in found]}")
+    return found[0]
 
 
 def per_kind_table(rows: pd.DataFrame, methods: list[Method]) -> pd.DataFrame:
@@ -142,7 +167,7 @@ def per_kind_table(rows: pd.DataFrame, methods: list[Method]) -> pd.DataFrame:
     for kind, group in rows.groupby("category", sort=False):
         table = metrics.summary(group, baseline=PEER_AR).reset_index()
         for method in methods:
-            reference = engine_ar(methods, method.engine).name
+            reference = engine_ar(methods, method).name
             agreement = metrics.add_agreement(group[group.decoder == method.name], reference_decoder=None,
                                               reference=metrics.reference_tokens(group, reference))
             table.loc[table.decoder == method.name, "agreement_with_engine_ar"] = agreement.agreement.mean()
@@ -199,7 +224,7 @@ def predicted_table(rows: pd.DataFrame, methods: list[Method], curves: pd.DataFr
             tokens = sum(cost_model.expected_tokens_per_step(alpha, n) if n else 1.0 for n in proposed)
             cost = sum(cost_model.cost_at(curve, n + 1) + n * draft_ms for n in proposed)
             predicted = tokens * float(curve.loc[1]) / cost
-            ar_name = engine_ar(methods, method.engine).name
+            ar_name = engine_ar(methods, method).name
             measured = metrics.over_prompts((decode_rate[method.name] / decode_rate[ar_name]).dropna())
             lines.append({"category": kind, "decoder": method.name, "engine": method.engine, "alpha": alpha,
                           "mean_proposed": sum(proposed) / max(len(proposed), 1), "predicted": predicted,
@@ -215,7 +240,7 @@ def first_differences(rows: pd.DataFrame, methods: list[Method]) -> pd.DataFrame
     for method in methods:
         if method.implementation != "ours" or method.role == "target AR":
             continue
-        reference = metrics.reference_tokens(rows, engine_ar(methods, method.engine).name)
+        reference = metrics.reference_tokens(rows, engine_ar(methods, method).name)
         for row in rows[rows.decoder == method.name].itertuples():
             expected = reference.get(row.prompt_id)
             position = common_prefix_length(expected, row.tokens)

@@ -8,17 +8,27 @@ from specdec_lab.metrics import GEOMETRIC_MEAN, Speedup
 from specdec_lab.words import interval
 
 
-def paths_sentence(paths: pd.DataFrame, chosen: str) -> str:
-    """Which torch path won, by how much, for each model role."""
+def paths_sentence(paths: pd.DataFrame, chosen: str, ar_chosen: str) -> str:
+    """Which torch path won, by how much, for each model role, for one-token forwards (AR, drafting)
+    and for multi-token forwards (verifying)."""
     parts = []
     for role, group in paths.groupby("model_role", sort=False):
-        ranked = group.sort_values("generation_s")
-        best, slowest = ranked.iloc[0], ranked.iloc[-1]
-        parts.append(f"for the {role}, {best.path} takes {best.generation_s:.1f} s for a prefill of {best.prompt_tokens} "
-                     f"tokens and {best.new_tokens} steps ({1000 * best.step_s:.0f} ms a step), {slowest.path} "
-                     f"{slowest.generation_s:.1f} s ({1000 * slowest.step_s:.0f} ms a step)")
+        one, multi = group.sort_values("generation_s"), group.sort_values("multi_token_generation_s")
+        best, slowest = one.iloc[0], one.iloc[-1]
+        line = (f"for the {role}, {best.path} takes {best.generation_s:.1f} s for a prefill of {best.prompt_tokens} "
+                f"tokens and {best.new_tokens} one-token steps ({1000 * best.step_s:.0f} ms a step), {slowest.path} "
+                f"{slowest.generation_s:.1f} s ({1000 * slowest.step_s:.0f} ms a step)")
+        if role == "target":
+            wide = multi.iloc[0]
+            line += (f"; with forwards over {wide.multi_token_width} tokens in place of the steps, as a "
+                     f"verifying target runs, {wide.path} is fastest ({1000 * wide.multi_token_s:.0f} ms a forward, "
+                     f"{wide.multi_token_s / wide.step_s:.2f} of its one-token step), "
+                     + ", ".join(f"{line.path} {1000 * line.multi_token_s:.0f} ms "
+                                 f"({line.multi_token_s / line.step_s:.2f})" for line in multi.iloc[1:].itertuples()))
+        parts.append(line)
+    ar = "" if ar_chosen == chosen else f" The kit's AR runs on {ar_chosen} as well, the torch AR a user would run."
     return (f"**The fastest torch path on this CPU**, measured: {'; '.join(parts)}. The kit's torch methods below run "
-            f"on {chosen}.")
+            f"the target on {chosen}, the path fastest at verifying, and the draft on its fastest one-token path.{ar}")
 
 
 def roofline_sentences(roofline: pd.DataFrame) -> list[str]:

@@ -49,9 +49,15 @@ def measure(params: dict) -> Tables:
     if params["picker_prompts"]:
         calibration_prompts(params)  # enough prompts left for the picker? Say so before loading anything
     dtype, device = params["dtype"], params["device"]
-    target, draft = models.load(params["target"], dtype, device), models.load(params["draft"], dtype, device)
+    # with dtype 'auto': the target on the path fastest at verifying (multi-token forwards), the draft
+    # on the one fastest at drafting (one-token forwards)
+    target = models.load(params["target"], dtype, device, multi_token=True)
+    draft = models.load(params["draft"], dtype, device)
     models.check_same_tokenizer(target.tokenizer, draft.tokenizer, params["target"], params["draft"])
     universal = models.load(params["universal_draft"], dtype, device) if params["universal_draft"] else None
+    print(f"target {params['target']} in {target.precision}, draft {params['draft']} in {draft.precision}"
+          + (" (dtype auto: the target on the torch path measured fastest at multi-token forwards, the draft at "
+             "one-token steps; notebook 03 sets the paths side by side)" if dtype == "auto" else ""))
     prompts = prompts_of(params, params["num_prompts"])
     print(f"{len(prompts)} prompts:", ", ".join(f"{p.id} ({p.category})" for p in prompts))
     c = draft_cost_ratio(target, draft) if params["hybrid"] or params["sweep_prompts"] or params["picker_prompts"] else None

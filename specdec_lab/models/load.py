@@ -134,12 +134,14 @@ def load(
     quantization: str = "none",
     double_quant: bool = False,
     fast_cpu_linear: bool = True,
+    multi_token: bool = False,
 ) -> LoadedModel:
     """Load model + tokenizer in eval mode, quantized with one of `quantize.QUANTIZATIONS`.
     `device='auto'` spreads the model with accelerate. On CPU in bf16/fp16, the Linear layers that
     stay unquantized compute W @ x^T (`cpu_kernels.WeightLeftLinear`) unless fast_cpu_linear=False.
     dtype='auto' (CPU) takes the dtype and weight-only quantization measured fastest on this CPU
-    (`dense_path`: measured once per machine and model)."""
+    (`dense_path`: measured once per machine and model) for one-token forwards, or with
+    multi_token=True for forwards over many tokens (a target that verifies, a batch)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     if dtype == "auto":
@@ -147,7 +149,7 @@ def load(
 
         if device_type(device) != "cpu":
             raise ValueError(f"dtype 'auto' measures torch's CPU paths, but device is {device!r}: give a dtype")
-        dtype, quantization = dense_path.resolve(spec, dtype, quantization)
+        dtype, quantization = dense_path.resolve(spec, dtype, quantization, multi_token=multi_token)
 
     torch_dtype = parse_dtype(dtype)
     if device not in DEVICES:
