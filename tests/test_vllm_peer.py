@@ -1,0 +1,84 @@
+"""vLLM's CPU build as a peer (`make vllm`): its greedy text against the kit's AR on the same bf16
+weights, its n-gram speculation against its own AR, and its errors surfaced by name. Skipped, and
+named in the skip summary, where `make vllm` was not run."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+
+import pytest
+
+from specdec_lab import data, models
+from specdec_lab.decoders import autoregressive, vllm_peer
+from specdec_lab.models import zoo
+
+needs_vllm = pytest.mark.skipif(not vllm_peer.available(),
+                                reason=f"vLLM is not installed ({vllm_peer.python()} is missing): run `make vllm`")
+MODEL = "smollm2-135m-instruct"
+NGRAM = {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 3, "prompt_lookup_min": 1}
+
+
+@pytest.fixture(scope="module")
+def kit_ar():
+    """The kit's greedy AR text of three HumanEval prompts, bf16 weights (the ones vLLM loads)."""
+    loaded = models.load(MODEL, dtype="bfloat16")
+    prompts = [data.encode(loaded.tokenizer, prompt) for prompt in data.load_prompts("humaneval", 3, seed=0)]
+    return [(ids, autoregressive.generate(loaded.model, ids, 24).tokens) for ids in prompts]
+
+
+@needs_vllm
+def test_vllm_greedy_text_equals_the_kits_ar_on_the_same_weights(kit_ar):
+    with vllm_peer.VllmPeer(zoo.ensure(MODEL)) as peer:
+        for ids, ours in kit_ar:
+            result = vllm_peer.generate(peer, ids, 24)
+            assert result.tokens == ours, f"first difference at token {first_difference(result.tokens, ours)}"
+            assert result.wall_time_s > 0 and result.extras["engine"] == "vllm"
+
+
+@needs_vllm
+def test_vllm_ngram_speculation_keeps_its_text_and_reports_its_counters(kit_ar):
+    with vllm_peer.VllmPeer(zoo.ensure(MODEL), speculative_config=NGRAM) as peer:
+        for ids, ours in kit_ar:
+            result = vllm_peer.generate(peer, ids, 24)
+            assert result.tokens == ours
+            extras = result.extras
+            assert 0 <= extras["vllm_accepted"] <= extras["vllm_draft_tokens"] <= 3 * extras["vllm_drafts"]
+            assert sum(extras["vllm_accepted_per_position"]) == extras["vllm_accepted"]
+
+
+@needs_vllm
+def test_an_unknown_method_is_vllms_own_error_named_with_its_config():
+    with pytest.raises(vllm_peer.VllmError, match="could not load.*no-such-method"):
+        vllm_peer.VllmPeer(zoo.ensure(MODEL), speculative_config={"method": "no-such-method",
+                                                                  "num_speculative_tokens": 2})
+
+
+@needs_vllm
+def test_the_export_parses_with_vllms_own_speculative_config():
+    """Every config the export writes has only fields of vLLM's SpeculativeConfig, and an n-gram one
+    builds it (a draft model's needs the target's model config, which only a running engine has)."""
+    from test_vllm_export import exported
+
+    configs = [entry["speculative_config"] for entry in exported() if entry["speculative_config"]]
+    check = ("import dataclasses, json, sys\n"
+             "from vllm.config import SpeculativeConfig\n"
+             "names = {field.name for field in dataclasses.fields(SpeculativeConfig)}\n"
+             "for config in json.load(sys.stdin):\n"
+             "    assert set(config) <= names, config\n"
+             "    if config['method'] == 'ngram':\n"
+             "        SpeculativeConfig(**config)\n"
+             "print('ok')\n")
+    done = subprocess.run([str(vllm_peer.python()), "-c", check], input=json.dumps(configs), capture_output=True,
+                          text=True, timeout=300)
+    assert done.stdout.strip().endswith("ok"), done.stderr[-2000:]
+
+
+def test_without_its_environment_the_peer_says_how_to_install_it(monkeypatch, tmp_path):
+    monkeypatch.setenv("SPECDEC_VLLM_PYTHON", str(tmp_path / "missing" / "python"))
+    with pytest.raises(RuntimeError, match="make vllm"):
+        vllm_peer.VllmPeer("any-folder")
+
+
+def first_difference(a: list[int], b: list[int]) -> int:
+    return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
