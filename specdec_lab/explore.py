@@ -120,9 +120,10 @@ class Explorer:
         loaded = {}
         for role, spec in (("target", target), ("draft", draft), ("cllm", cllm)):
             if spec:
-                # a CLLM is a fine-tuned model: its own dtype, not a path chosen for the target
+                # a CLLM is a fine-tuned model: its own dtype, not a path chosen for the target. The target
+                # verifies (speculation, lookahead, Jacobi): with 'auto', the path fastest at multi-token forwards
                 loaded[role] = models.load(spec, dtype="float32" if role == "cllm" and dtype == "auto" else dtype,
-                                           device=device)
+                                           device=device, multi_token=role == "target")
         if "draft" in loaded:
             models.check_same_tokenizer(loaded["target"].tokenizer, loaded["draft"].tokenizer, target, draft)
         if "cllm" in loaded and loaded["cllm"].tokenizer.get_vocab() != loaded["target"].tokenizer.get_vocab():

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 import pandas as pd
 
-from specdec_lab import data, hardware, metrics, models
+from specdec_lab import data, hardware, metrics, models, token_view
 from specdec_lab.experiments import common, lineups
 from specdec_lab.method import Weights
 from specdec_lab.runs import bench
@@ -29,6 +29,7 @@ class Tables:
     bandwidth: float  # bytes/s of a large tensor copy on this machine
     roofline: pd.DataFrame  # per AR method: measured tokens/s, the bandwidth bound, the fraction reached
     cost_curves: pd.DataFrame  # T(n) per model: n, ms, relative_to_one
+    token_views: object = None  # the first prompt's text, token by token, of each AR loop of the kit
 
 
 def run(params: dict) -> Tables:
@@ -63,7 +64,7 @@ def run(params: dict) -> Tables:
                              for name, m in loaded.items() if m is not None], ignore_index=True)
     cost_curves.to_csv(common.results_file(params, NOTEBOOK, "cost_curves.csv"), index=False)
     tables = Tables(rows, metrics.summary(target_rows, baseline=TRANSFORMERS_AR), weights, cost_ratio, target.precision,
-                    bandwidth, roofline, cost_curves)
+                    bandwidth, roofline, cost_curves, token_view.views_of_rows(rows, target.tokenizer))
     summary = common.summary_lines(metrics.summary(target_rows, baseline=lineups.TARGET_AR), methods)
     common.write_outputs(params, NOTEBOOK, summary, headline(tables), model=params["target"], dtype=target.precision)
     return tables

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 import pandas as pd
 
-from specdec_lab import data, hardware, models
+from specdec_lab import data, hardware, models, token_view
 from specdec_lab.experiments import batch_tables, batch_words, common, lineups
 from specdec_lab.machine import cpu_model
 from specdec_lab.runs import bench, outputs
@@ -32,6 +32,7 @@ class Tables:
     precision: str
     cpu: str
     config: dict
+    token_views: object = None  # the largest batch's first prompt, each method's text token by token
 
 
 def run(params: dict) -> Tables:
@@ -64,7 +65,9 @@ def run(params: dict) -> Tables:
     tables = Tables(rows, table, target_costs, draft_costs, alpha, predicted, best,
                     batch_tables.crossovers(best) if not best.empty else dict.fromkeys(["predicted", "measured", "measured_point", "decode"]),
                     batch_tables.peer_ratio(table, lineups.BATCHED_AR, lineups.BATCHED_GENERATE),
-                    target.precision, cpu_model()["cpu_model"], params)
+                    target.precision, cpu_model()["cpu_model"], params,
+                    token_view.views_of_rows(rows[rows.batch_size == max(params["batch_sizes"])], target.tokenizer,
+                                             title=f"What each method wrote at batch {max(params['batch_sizes'])}"))
     # headline only: the summary ranks per-token speedups over prompts, and a batch's are throughput over batches
     outputs.write_headline(params["results_dir"], NOTEBOOK, batch_words.headline(tables))
     return tables
