@@ -50,15 +50,12 @@ class VllmError(RuntimeError):
 class VllmPeer:
     """One model loaded in a vLLM worker process, with or without a `speculative_config`."""
 
-    def __init__(self, model: str | Path, speculative_config: dict | None = None, max_model_len: int = 2048,
-                 threads: int | None = None):
+    def __init__(self, model: str | Path, speculative_config: dict | None = None, max_model_len: int = 2048):
         check_available()
         self.model, self.speculative_config = str(model), speculative_config
         self.log = tempfile.NamedTemporaryFile("w+", prefix="vllm-worker-", suffix=".log", delete=False)
         # 2 GiB of KV cache (vLLM's CPU default, 4, leaves less room beside the kit's own models)
         environment = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": os.environ.get("VLLM_CPU_KVCACHE_SPACE", "2")}
-        if threads:
-            environment["OMP_NUM_THREADS"] = str(threads)
         self.process = subprocess.Popen([str(python()), str(WORKER)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                         stderr=self.log, text=True, env=environment, cwd=tempfile.gettempdir())
         loaded = self._ask({"op": "load", "model": self.model, "speculative_config": speculative_config,

@@ -22,9 +22,16 @@ import time
 import traceback
 
 
+def added(a, b, sign=1):
+    """a + sign * b, elementwise, the shorter list padded with zeros."""
+    width = max(len(a), len(b))
+    return [x + sign * y for x, y in zip(a + [0] * (width - len(a)), b + [0] * (width - len(b)))]
+
+
 def speculation_counters(llm):
     """vLLM's cumulative speculation counters: drafts, draft tokens, accepted tokens, and accepted
-    tokens per draft position (`LLM.get_metrics`, which needs stats logging on)."""
+    tokens per draft position (`LLM.get_metrics`, which needs stats logging on), summed over the
+    metric's label sets."""
     counters = {"drafts": 0, "draft_tokens": 0, "accepted": 0, "accepted_per_position": []}
     names = {"vllm:spec_decode_num_drafts": "drafts", "vllm:spec_decode_num_draft_tokens": "draft_tokens",
              "vllm:spec_decode_num_accepted_tokens": "accepted"}
@@ -32,19 +39,14 @@ def speculation_counters(llm):
         if metric.name in names:
             counters[names[metric.name]] += int(metric.value)
         elif metric.name == "vllm:spec_decode_num_accepted_tokens_per_pos":
-            values = [int(v) for v in metric.values]
-            width = max(len(values), len(counters["accepted_per_position"]))
-            padded = counters["accepted_per_position"] + [0] * (width - len(counters["accepted_per_position"]))
-            counters["accepted_per_position"] = [a + b for a, b in zip(padded, values + [0] * (width - len(values)))]
+            counters["accepted_per_position"] = added(counters["accepted_per_position"], [int(v) for v in metric.values])
     return counters
 
 
 def difference(after, before):
-    width = len(after["accepted_per_position"])
-    earlier = before["accepted_per_position"] + [0] * (width - len(before["accepted_per_position"]))
-    return {"drafts": after["drafts"] - before["drafts"], "draft_tokens": after["draft_tokens"] - before["draft_tokens"],
-            "accepted": after["accepted"] - before["accepted"],
-            "accepted_per_position": [a - b for a, b in zip(after["accepted_per_position"], earlier)]}
+    """The counters' growth over one call."""
+    return {name: added(after[name], before[name], -1) if name == "accepted_per_position" else after[name] - before[name]
+            for name in after}
 
 
 def main():

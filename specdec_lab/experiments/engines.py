@@ -110,15 +110,19 @@ def run(params: dict) -> EngineTables:
     target_on_llama = on_llama["target"]
     methods = [lineups.llama_cpp_ar(peer, target_on_llama, new_tokens, name=PEER_AR),
                lineups.llama_cpp_prompt_lookup(peer_lookup, target_on_llama, new_tokens)]
+    target_of_ar = {PEER_AR: target_on_llama}  # each AR loop's target, for its bandwidth bound
     for group, where in ((on_llama, f"llama.cpp {target_on_llama.quantization}"), (on_torch, torch_label(on_torch["target"]))):
         engine = engine_of(group["target"].model)
         cost_ratio = step_ms[(engine, "draft")] / step_ms[(engine, "target")]
-        methods += lineup(group["target"], group["draft"], k, lookup_k, new_tokens, cost_ratio, where)
+        group_methods = lineup(group["target"], group["draft"], k, lookup_k, new_tokens, cost_ratio, where)
+        target_of_ar[group_methods[0].name] = group["target"]  # the group's AR comes first
+        methods += group_methods
     target_for_ar = on_torch["target"]
     if ar_path[1] != chosen["target"][1]:  # another quantization: the torch AR a user would run, beside
         target_for_ar = models.load(params["target"], dtype=ar_path[0], quantization=ar_path[1])
         methods.append(lineups.ar(target_for_ar, new_tokens, name=f"AR (ours · {torch_label(target_for_ar)})",
                                   lossless=False, weights=Weights(quantization=target_for_ar.quantization)))
+        target_of_ar[methods[-1].name] = target_for_ar
     elif ar_path != chosen["target"]:
         print(f"the target's fastest one-token path, {ar_path}, differs from its verify path only in dtype: "
               f"its AR is not run beside (the AR rows of one engine and quantization are one reference)")
@@ -126,11 +130,7 @@ def run(params: dict) -> EngineTables:
                      warmup=params["warmup"], config={**params, "torch_path": [list(c) for c in chosen.values()]},
                      desc="engines")
     per_kind = per_kind_table(rows, methods)
-    ar_loops = [m for m in methods if m.role == "target AR" and m.implementation == "ours"]
-    targets = {m.name: model for m in ar_loops for model in (on_llama["target"], on_torch["target"], target_for_ar)
-               if engine_of(model.model) == m.engine and model.quantization == m.weights.quantization}
-    weights_read = {PEER_AR: hardware.bytes_read_per_token(target_on_llama.model),
-                    **{name: hardware.bytes_read_per_token(model.model) for name, model in targets.items()}}
+    weights_read = {name: hardware.bytes_read_per_token(model.model) for name, model in target_of_ar.items()}
     return EngineTables(rows, per_kind, best_table(per_kind, methods), predicted_table(rows, methods, curves),
                         curves, roofline_table(rows, weights_read, hardware.memory_bandwidth()), paths,
                         first_differences(rows, methods), torch_label(on_torch["target"]), torch_label(target_for_ar),
