@@ -44,6 +44,8 @@ def test_vllm_ngram_speculation_keeps_its_text_and_reports_its_counters(kit_ar):
             assert result.tokens == ours
             extras = result.extras
             assert 0 <= extras["vllm_accepted"] <= extras["vllm_draft_tokens"] <= 3 * extras["vllm_drafts"]
+            # this call's counters, not the run's so far: each draft is verified in a step that yields a token
+            assert extras["vllm_drafts"] <= len(result.tokens)
             assert sum(extras["vllm_accepted_per_position"]) == extras["vllm_accepted"]
 
 
