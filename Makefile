@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 INSTALLED := $(VENV)/.installed
 
 LLAMA_CPP := $(VENV)/.llama-cpp
-.PHONY: env test reproduce lab models llama-cpp vllm clean-results
+.PHONY: env test reproduce lab models llama-cpp vllm arctic clean-results
 
 # The environment is (re)built when the requirements change; torch is pinned in the same file so
 # pip takes the CPU wheel instead of a multi-GB CUDA build.
@@ -48,11 +48,37 @@ $(VLLM):
 
 vllm: $(VLLM)
 
+# Optional peer: arctic-inference's suffix tree (the C++ tree vLLM's `suffix` method runs), built alone from the
+# package's source on PyPI (about 30 s): the rest of the package wants vLLM and a GPU. Its Python wrapper and the
+# compiled tree go into .venv as the package `arctic_inference.suffix_decoding`.
+ARCTIC := $(VENV)/.arctic
+ARCTIC_VERSION := 0.3.0# the pin of decoders/suffix.ARCTIC_PACKAGE
+ARCTIC_BUILD := .cache/arctic-inference
+$(ARCTIC): $(INSTALLED)
+	rm -rf $(ARCTIC_BUILD) && mkdir -p $(ARCTIC_BUILD)/src
+	$(PY) -m pip download --quiet --disable-pip-version-check --no-deps --no-binary :all: --no-build-isolation \
+		arctic-inference==$(ARCTIC_VERSION) -d $(ARCTIC_BUILD)
+	tar xzf $(ARCTIC_BUILD)/arctic_inference-$(ARCTIC_VERSION).tar.gz -C $(ARCTIC_BUILD)/src --strip-components=1
+	$(PY) -m pip install --quiet --disable-pip-version-check nanobind==2.9.2 $$(command -v cmake >/dev/null || echo cmake)
+	PATH=$(abspath $(VENV))/bin:$$PATH cmake -S $(ARCTIC_BUILD)/src/csrc/suffix_decoding -B $(ARCTIC_BUILD)/build \
+		-DPython_EXECUTABLE=$(abspath $(PY)) -DCMAKE_BUILD_TYPE=Release >/dev/null
+	PATH=$(abspath $(VENV))/bin:$$PATH cmake --build $(ARCTIC_BUILD)/build -j$$(nproc) >/dev/null
+	site=$$($(PY) -c "import sysconfig; print(sysconfig.get_paths()['purelib'])") && \
+		mkdir -p $$site/arctic_inference/suffix_decoding && \
+		cp $(ARCTIC_BUILD)/src/arctic_inference/__init__.py $$site/arctic_inference/ && \
+		cp $(ARCTIC_BUILD)/src/arctic_inference/suffix_decoding/*.py $(ARCTIC_BUILD)/build/_C*.so \
+			$$site/arctic_inference/suffix_decoding/
+	$(PY) -c "from arctic_inference.suffix_decoding import SuffixDecodingCache; SuffixDecodingCache(24)"
+	touch $@
+
+arctic: $(ARCTIC)
+
 test: env
 	$(PY) -m pytest -q -rs  # -rs: the run ends by naming what it skipped and why
 
-# cpu and cpu-full measure llama.cpp beside the kit (notebook 03), so they install it first.
-reproduce: env $(if $(filter cpu cpu-full,$(PROFILE)),llama-cpp)
+# cpu and cpu-full measure llama.cpp (notebook 03) and arctic-inference's suffix tree (02) beside the kit, so they
+# install them first.
+reproduce: env $(if $(filter cpu cpu-full,$(PROFILE)),llama-cpp arctic)
 	$(PY) -m specdec_lab.report --profile $(PROFILE)
 
 # Download, verify and convert the offline zoo models once (reproduce does this on demand too).

@@ -26,9 +26,9 @@ ROLES = (
     "parallel",  # Jacobi and lookahead decoding: the target guesses several of its own tokens a pass
     "lossy",  # returns another model's text in place of the target's (draft-then-score)
 )
-IMPLEMENTATIONS = ("ours", "transformers", "llama.cpp")  # whose decode loop
+IMPLEMENTATIONS = ("ours", "transformers", "llama.cpp", "arctic-inference")  # whose decode loop (arctic-inference: whose suffix tree)
 ENGINES = ("transformers", "llama.cpp")  # whose forward passes and KV cache (decoders.backend)
-SOURCE_KINDS = ("draft model", "draft model, other tokenizer", "prompt lookup", "hybrid", "lookahead", "jacobi")
+SOURCE_KINDS = ("draft model", "draft model, other tokenizer", "prompt lookup", "suffix", "hybrid", "lookahead", "jacobi")
 SCHEDULES = ("constant", "heuristic")  # draft-length schedules: k fixed, or transformers' +2 / -1 heuristic
 MATCH_RULES = ("longest", "latest", "first")  # which earlier occurrence prompt lookup continues
 
@@ -76,6 +76,30 @@ class LookaheadConfig:
 
 
 @dataclass(frozen=True)
+class SuffixSettings:
+    """Suffix decoding's rules (`decoders.suffix`; vLLM's defaults): suffix trees `max_depth` tokens deep;
+    a proposal of at most `spec_factor` * match length + `spec_offset` tokens, each at least
+    `min_token_prob` probable."""
+
+    max_depth: int = 24
+    spec_factor: float = 1.0
+    spec_offset: float = 0.0
+    min_token_prob: float = 0.1
+
+    def __post_init__(self):
+        if isinstance(self.max_depth, bool) or not isinstance(self.max_depth, int) or self.max_depth < 2:
+            raise ValueError(f"suffix decoding's max_depth must be an integer >= 2, got {self.max_depth!r} (e.g. 24)")
+        if not 0.0 <= self.min_token_prob <= 1.0:
+            raise ValueError(f"suffix decoding's min_token_prob must be in [0, 1], got {self.min_token_prob}")
+        if self.spec_factor < 0 or self.spec_offset < 0:
+            raise ValueError(f"suffix decoding's spec_factor and spec_offset must be >= 0, got "
+                             f"{self.spec_factor}, {self.spec_offset}")
+
+    def label(self) -> str:
+        return ", ".join(f"{name}={value}" for name, value in asdict(self).items())
+
+
+@dataclass(frozen=True)
 class TreeSettings:
     """A token tree's shape (`decoders.trees`); its depth is the source's k. At most `nodes` tokens
     are verified a step. `branching`: a draft tree's children per node, a prompt-lookup tree's merged
@@ -83,13 +107,15 @@ class TreeSettings:
     (Sequoia's, sized by the picker), written by `shape_label`."""
 
     nodes: int
-    branching: int
+    branching: int | None = None
     beam: int | None = None
     shape: str | None = None
 
     def label(self) -> str:
         if self.shape is not None:
             return f"tree of {self.nodes} nodes, <= {self.branching} children, sized by the picker"
+        if self.branching is None:
+            return f"tree <= {self.nodes} nodes"
         grown = f", {self.beam} grown a level" if self.beam is not None else ""
         what = "children" if self.beam is not None else "matches"
         return f"tree <= {self.nodes} nodes, {self.branching} {what}{grown}"
@@ -125,6 +151,7 @@ class CandidateSource:
     hybrid: HybridSettings | None = None
     lookahead: LookaheadConfig | None = None
     tree: TreeSettings | None = None  # a draft model or prompt lookup proposing token trees (depth: k)
+    suffix: SuffixSettings | None = None  # suffix decoding's rules (k: its tokens a step, a tree's nodes)
     block_size: int | None = None  # Jacobi's block
     init: str | None = None  # Jacobi's initial guess
 
@@ -139,9 +166,9 @@ class CandidateSource:
             raise ValueError(f"unknown prompt-lookup match rule {self.match!r}: use one of {MATCH_RULES}")
 
 
-NESTED = {"hybrid": HybridSettings, "lookahead": LookaheadConfig, "tree": TreeSettings}  # source fields that are records
+NESTED = {"hybrid": HybridSettings, "lookahead": LookaheadConfig, "tree": TreeSettings, "suffix": SuffixSettings}  # source fields that are records
 INTEGER_COLUMNS = {"k", "max_ngram", "prompt_lookup_k", "block_size", "lookahead_window", "lookahead_ngram_size",
-                   "lookahead_candidates", "tree_nodes", "tree_branching", "tree_beam"}  # read back as ints (a frame with missing values holds them as floats)
+                   "lookahead_candidates", "tree_nodes", "tree_branching", "tree_beam", "suffix_max_depth"}  # read back as ints (a frame with missing values holds them as floats)
 
 
 def column_name(field_name: str) -> str:
@@ -190,6 +217,8 @@ def short_label(source: CandidateSource | None, role: str, implementation: str =
     whose loop it is when not the kit's ("draft k=5 · transformers")."""
     if source is None:
         text = {"target AR": "AR", "draft AR": "draft AR", "lossy": "draft-then-score"}.get(role, role)
+    elif source.kind == "suffix":
+        text = f"suffix {'tree' if source.tree is not None else 'path'} k={source.k}"
     elif source.tree is not None:
         text = f"{'lookup' if source.kind == 'prompt lookup' else 'draft'} tree ({source.tree.nodes} nodes)"
     elif source.kind in ("draft model", "draft model, other tokenizer"):

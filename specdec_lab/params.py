@@ -202,6 +202,7 @@ RULES: dict[str, Callable[[str, object], str | None]] = {
     "picker_prompts": _non_negative_int,  # 0: no draft picker
     "tree_nodes": _non_negative_int,  # 0: no token trees; else the trees' node budget (the picker sizes the draft's)
     "tree_branches": _positive_int,  # matches a prompt-lookup tree merges
+    "suffix_k": _non_negative_int,  # 0: no suffix decoding; else its tokens a step (a tree's nodes, a path's length)
     "control_prompts": _positive_int,
     "control_max_new_tokens": _positive_int,
     "control_target": _model_spec,

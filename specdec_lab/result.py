@@ -14,6 +14,7 @@ CORRECTION = "correction"
 DRAFT_MODEL = "draft model"
 PROMPT_LOOKUP = "prompt lookup"
 LOOKAHEAD_NGRAM = "lookahead n-gram"
+SUFFIX = "suffix decoding"  # what followed an earlier occurrence in the prompt or in earlier answers
 PROPOSAL = "proposal"  # a candidate source that does not name itself
 # Jacobi: guesses the iteration confirmed beyond its first token; "stationary" ones were already right
 # in an earlier iteration, while a token before them was still wrong (the CLLM paper's terms).
@@ -22,7 +23,7 @@ STATIONARY = "stationary"
 # Draft-then-score: the draft's text, never verified token by token (not lossless).
 UNVERIFIED_DRAFT = "unverified draft"
 SIDE_BRANCH = ", side branch"  # appended to a tree's accepted token that was not its parent's first child
-ACCEPTED_ORIGINS = (DRAFT_MODEL, PROMPT_LOOKUP, LOOKAHEAD_NGRAM, PROPOSAL, FAST_FORWARD, STATIONARY)
+ACCEPTED_ORIGINS = (DRAFT_MODEL, PROMPT_LOOKUP, LOOKAHEAD_NGRAM, SUFFIX, PROPOSAL, FAST_FORWARD, STATIONARY)
 
 
 def side_branch(origin: str) -> str:

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from specdec_lab.method import short_label, source_from_columns
 from specdec_lab.quality import common_prefix_length
 from specdec_lab.result import (CORRECTION, DRAFT_MODEL, FAST_FORWARD, LOOKAHEAD_NGRAM, PROMPT_LOOKUP, PROPOSAL,
-                                SIDE_BRANCH, STATIONARY, TARGET, UNVERIFIED_DRAFT, BlockTrace)
+                                SIDE_BRANCH, STATIONARY, SUFFIX, TARGET, UNVERIFIED_DRAFT, BlockTrace)
 
 # One colour per origin (light, so the text stays readable); a side branch keeps its source's colour
 # under a dashed outline.
@@ -32,6 +32,7 @@ COLOURS = {
     PROMPT_LOOKUP: "#aecdf2",
     PROPOSAL: "#b5e3b0",
     LOOKAHEAD_NGRAM: "#d9c2f0",
+    SUFFIX: "#f5c6e4",
     FAST_FORWARD: "#9fe0d6",
     STATIONARY: "#f8dc8c",
     UNVERIFIED_DRAFT: "#dddddd",
@@ -43,6 +44,7 @@ MEANING = {
     PROMPT_LOOKUP: "accepted from prompt lookup",
     PROPOSAL: "accepted proposal",
     LOOKAHEAD_NGRAM: "accepted from lookahead's n-gram pool",
+    SUFFIX: "accepted from suffix decoding (the prompt, or an earlier answer)",
     FAST_FORWARD: "Jacobi: fixed beyond the first token of an iteration (fast-forwarded)",
     STATIONARY: "Jacobi: right in an earlier iteration and unchanged since (stationary)",
     UNVERIFIED_DRAFT: "the draft's text, not verified by the target (not lossless)",

@@ -154,6 +154,34 @@ def test_tree_vs_chain_pairs_each_tree_with_our_chain_of_its_source_per_prompt()
     assert "misses 1.15x" in speculative_words.tree_findings(SimpleNamespace(picked=None, trees=table))
 
 
+def test_suffix_vs_peer_pairs_ours_with_the_peer_of_the_same_settings_per_prompt():
+    """Catches our suffix tree compared with our path (not the peer), with a peer of other settings, and the
+    tokens-per-forward ratio taken of means instead of paired per prompt."""
+    from specdec_lab.method import SuffixSettings
+
+    settings = SuffixSettings()
+    described = {lineups.TARGET_AR: ("ours", None),
+                 "suffix tree (ours)": ("ours", lineups.suffix_source(8, True, settings)),
+                 "suffix path (ours)": ("ours", lineups.suffix_source(8, False, settings)),
+                 "suffix tree (arctic)": ("arctic-inference", lineups.suffix_source(8, True, settings, "arctic-inference")),
+                 "suffix tree 16 (arctic)": ("arctic-inference",
+                                             lineups.suffix_source(16, True, settings, "arctic-inference"))}
+    forwards = {lineups.TARGET_AR: [1, 1], "suffix tree (ours)": [4.0, 1.0], "suffix path (ours)": [9, 9],
+                "suffix tree (arctic)": [2.0, 2.0], "suffix tree 16 (arctic)": [5, 5]}
+    rows = pd.DataFrame([row(name, f"c{i}", tokens=range(8), wall_time_s=1.0 / forwards[name][i], category="code",
+                             implementation=described[name][0], tokens_per_target_forward=forwards[name][i],
+                             **source_columns(described[name][1]))
+                         for name in described for i in range(2)])
+    rows = rows.assign(ms_per_token=lambda f: 1000 * f.wall_time_s / 8)
+    table = speculative_tables.suffix_vs_peer(rows).set_index("peer")
+    line = table.loc["suffix tree (arctic)"]
+    assert line.ours == "suffix tree (ours)" and line.prompts == 2
+    assert line.forward_ratio == pytest.approx(1.0)  # 2x then 0.5x, paired: not (4 + 1) / (2 + 2)
+    assert (line.ours_tokens_per_forward, line.peer_tokens_per_forward) == (pytest.approx(2.0), pytest.approx(2.0))
+    assert list(table.index) == ["suffix tree (arctic)"]  # no ours of k=16: no line for that peer
+    assert "at least as many" in speculative_words.suffix_findings(table.reset_index())
+
+
 # --- 04: loop counting, the Jacobi cost ratio, the findings, the training config --------------------
 
 def test_looping_answers_counts_each_prompt_once():

@@ -3,7 +3,8 @@ that group them. A method's name is what tables and plots show; what it *is* (lo
 implementation, parameters) is data on the record.
 
 Stateful candidate generators (a draft model's KV cache, an adaptive draft length) are built anew
-for every call, so nothing carries over from one prompt to the next.
+for every call, so nothing carries over from one prompt to the next. The one exception is by design:
+suffix decoding keeps the method's earlier answers (one per prompt; a prompt never reads its own).
 """
 
 from __future__ import annotations
@@ -16,9 +17,10 @@ from specdec_lab.decoders import (autoregressive, batched, draft_then_score, hf_
 from specdec_lab.decoders.backend import engine as engine_of, stop_token_ids
 from specdec_lab.decoders.candidates import (CandidateGenerator, DraftModelCandidates, DraftTreeCandidates,
                                             HybridCandidates, PromptLookupCandidates, PromptLookupTreeCandidates)
+from specdec_lab.decoders.suffix import ArcticSuffixCandidates, SuffixCandidates, SuffixTrie, arctic_cache
 from specdec_lab.decoders.trees import depths
-from specdec_lab.method import (SCHEDULES, CandidateSource, HybridSettings, LookaheadConfig, Method, TreeSettings,
-                                Weights, shape_label)
+from specdec_lab.method import (SCHEDULES, CandidateSource, HybridSettings, LookaheadConfig, Method, SuffixSettings,
+                                TreeSettings, Weights, shape_label)
 from specdec_lab.models import LoadedModel, check_same_tokenizer, quantize
 from specdec_lab.sampling import GREEDY, Sampling
 
@@ -54,11 +56,12 @@ def transformers_generate(model: LoadedModel, max_new_tokens: int, sampling: Sam
 def with_candidates(target: LoadedModel, make_candidates: Callable[[], CandidateGenerator], max_new_tokens: int,
                     sampling: Sampling, name: str, source: CandidateSource, lossless: bool = True,
                     weights: Weights | None = None) -> Method:
-    """Our speculative decoder with a candidate source built fresh for every call."""
+    """Our speculative decoder with a candidate source built fresh for every call (a peer's source, such as
+    arctic-inference's suffix tree, names the method's implementation: what it proposes is theirs)."""
     def decode(prompt_ids):
         return speculative.generate(target.model, make_candidates(), prompt_ids, max_new_tokens, sampling)
     return Method(name, decode, lossless=lossless, role="speculative", source=source, weights=weights,
-                  engine=engine_of(target.model))
+                  engine=engine_of(target.model), implementation=source.implementation)
 
 
 # --- candidate sources: each described once, by the record the line-up and the picker share ------
@@ -163,6 +166,29 @@ def prompt_lookup_tree(target: LoadedModel, k: int, tree: TreeSettings, max_new_
 
 def prompt_lookup_tree_source(k: int, tree: TreeSettings) -> CandidateSource:
     return CandidateSource("prompt lookup", k=k, match="longest", schedule="heuristic", tree=tree)
+
+
+def suffix_decoding(target: LoadedModel, k: int, tree: bool, settings: SuffixSettings, max_new_tokens: int,
+                    sampling: Sampling = GREEDY, implementation: str = "ours") -> Method:
+    """Suffix decoding (`decoders.suffix`): ours, or arctic-inference's suffix tree behind the same
+    verifier. The method owns the tree of its earlier answers, which every call reads and extends."""
+    if implementation == "ours":
+        history = SuffixTrie(settings.max_depth)
+        def make():
+            return SuffixCandidates(k, tree, settings, history)
+    elif implementation == "arctic-inference":
+        cache = arctic_cache(settings.max_depth)
+        def make():
+            return ArcticSuffixCandidates(cache, k, tree, settings)
+    else:
+        raise ValueError(f"suffix decoding is implemented by 'ours' or 'arctic-inference', not {implementation!r}")
+    shape = f"tree <= {k} nodes" if tree else f"path <= {k} tokens"
+    return with_candidates(target, make, max_new_tokens, sampling, f"suffix decoding, {shape} ({implementation})",
+                           suffix_source(k, tree, settings, implementation))
+
+
+def suffix_source(k: int, tree: bool, settings: SuffixSettings, implementation: str = "ours") -> CandidateSource:
+    return CandidateSource("suffix", implementation, k=k, tree=TreeSettings(k) if tree else None, suffix=settings)
 
 
 def hybrid(target: LoadedModel, draft: LoadedModel, k: int, prompt_lookup_k: int, max_new_tokens: int,
@@ -274,14 +300,16 @@ def speculative_methods(target: LoadedModel, draft: LoadedModel, k: int, max_new
                         schedules: Sequence[str] = SCHEDULES, hybrid_cost_ratio: float | None = None,
                         hybrid_settings: HybridSettings | None = None, hybrid_prefill_ratio: float = 0.0,
                         tree_shape: Sequence[tuple[int, int]] | None = None,
-                        lookup_tree: TreeSettings | None = None) -> list[Method]:
+                        lookup_tree: TreeSettings | None = None, suffix_k: int = 0,
+                        suffix: SuffixSettings = SuffixSettings(), suffix_peer: bool = False) -> list[Method]:
     """AR baseline; our speculative decoder and transformers' assisted generation configured alike,
     for each of `schedules` (k constant; the heuristic schedule from the same k with the same
     confidence stop); prompt lookup, each named by its own n-gram rule; optionally transformers'
     assisted generation with its own defaults, the blog's draft-then-score (`lossy`), universal
     assisted generation with a draft of another tokenizer, (given the draft's cost ratio) our
-    hybrid candidate source, and token trees: the draft filling `tree_shape` (the picker's) and
-    prompt lookup merging matches into `lookup_tree`."""
+    hybrid candidate source, token trees: the draft filling `tree_shape` (the picker's) and
+    prompt lookup merging matches into `lookup_tree`, and (`suffix_k` > 0) suffix decoding as a tree and
+    as a path, with (`suffix_peer`) arctic-inference's suffix tree beside ours."""
     unknown = [schedule for schedule in schedules if schedule not in SCHEDULES]
     if unknown or not schedules:
         raise ValueError(f"schedules must be a non-empty list of {list(SCHEDULES)}, got {list(schedules)}")
@@ -315,6 +343,10 @@ def speculative_methods(target: LoadedModel, draft: LoadedModel, k: int, max_new
         methods.append(sized_draft_tree(target, draft, tree_shape, max_new_tokens, sampling))
     if lookup_tree is not None:
         methods.append(prompt_lookup_tree(target, prompt_lookup_k, lookup_tree, max_new_tokens, sampling))
+    if suffix_k:
+        methods += [suffix_decoding(target, suffix_k, tree, suffix, max_new_tokens, sampling) for tree in (True, False)]
+        if suffix_peer:
+            methods.append(suffix_decoding(target, suffix_k, True, suffix, max_new_tokens, sampling, "arctic-inference"))
     if transformers_defaults:
         methods.append(peer("assisted k=20 constant, stop below p=0.4 (transformers defaults)",
                             draft_source(20, "constant", 0.4, "transformers"),

@@ -11,10 +11,11 @@ from dataclasses import asdict, replace
 import pandas as pd
 
 from specdec_lab import data, hardware, metrics, models, token_view, words
+from specdec_lab.decoders import suffix
 from specdec_lab.experiments import common, lineups, picker
 from specdec_lab.experiments.speculative_tables import (Picked, Tables, by_category, constant_k_of, focus_category,
-                                                        per_category, picked_vs_measured, the_draft_model_pair,
-                                                        tree_vs_chain)
+                                                        per_category, picked_vs_measured, suffix_vs_peer,
+                                                        the_draft_model_pair, tree_vs_chain)
 from specdec_lab.experiments.speculative_words import headline
 from specdec_lab.method import HybridSettings, TreeSettings, shape_label
 from specdec_lab.metrics import Speedup
@@ -103,7 +104,8 @@ def measure(params: dict) -> Tables:
                                           all_rows)
         tables.picked = picked
     tables.per_category = per_category(tables)
-    tables.trees = tree_vs_chain(rows, tables.by_category, picked) if params["tree_nodes"] else None
+    tables.trees = tree_vs_chain(rows, tables.by_category, picked) if params["tree_nodes"] or params["suffix_k"] else None
+    tables.suffix = suffix_vs_peer(rows)
     tables.token_views = token_view.views_of_rows(rows, target.tokenizer)
     tables.names = words.short_names(rows)
     common.write_outputs(params, NOTEBOOK, common.summary_lines(table, methods), headline(tables),
@@ -195,8 +197,16 @@ def lookup_tree(params: dict) -> TreeSettings | None:
 
 
 def trees(params: dict, picked: Picked | None) -> dict:
-    """The line-up's token trees: the picker's draft tree and the prompt-lookup tree."""
-    return {"tree_shape": picked.tree_shape if picked else None, "lookup_tree": lookup_tree(params)}
+    """The line-up's token trees: the picker's draft tree, the prompt-lookup tree, and suffix decoding's
+    (`suffix_k` tokens a step, 0: none), with arctic-inference's beside ours (`suffix_peer`) where
+    `make arctic` has built it."""
+    peer = bool(params["suffix_peer"] and params["suffix_k"])
+    if peer and not suffix.arctic_available():
+        print(f"arctic-inference's suffix tree is not built here (`make arctic`, which `make reproduce` runs, builds "
+              f"it from {suffix.ARCTIC_PACKAGE}): its suffix-decoding rows are left out")
+        peer = False
+    return {"tree_shape": picked.tree_shape if picked else None, "lookup_tree": lookup_tree(params),
+            "suffix_k": params["suffix_k"], "suffix_peer": peer}
 
 
 def tree_config(picked: Picked | None) -> dict:

@@ -4,7 +4,7 @@ tables show."""
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 
 import pandas as pd
 
@@ -72,6 +72,7 @@ class Tables:
     picked: Picked | None = None  # the draft picker's predictions, checked against the measured rows
     per_category: pd.DataFrame | None = None  # per (category, which): our best, the hybrid, transformers' best, the pick
     trees: pd.DataFrame | None = None  # per (category, source): tree ÷ chain, measured and predicted
+    suffix: pd.DataFrame | None = None  # per category: our suffix decoding against arctic-inference's
     token_views: object = None  # one prompt per kind, every method's text coloured by token origin (HTML)
     names: dict | None = None  # method name -> its few words for narrow tables and figures (`words.short_names`)
 
@@ -264,3 +265,29 @@ def predicted_ratio(picked: Picked | None, category: str, tree, chain) -> float:
     for _, line in lines.iterrows():
         predicted[source_from_columns(line, line.implementation)] = line.predicted_speedup
     return predicted.get(tree, float("nan")) / predicted.get(chain, float("nan"))
+
+
+def suffix_vs_peer(rows: pd.DataFrame) -> pd.DataFrame:
+    """Per category, for each suffix-decoding method of a peer's (arctic-inference's suffix tree) and ours
+    with the same settings: tokens per target forward of each (the accepted tokens a step, plus the
+    target's own), ours ÷ theirs paired per prompt (geometric mean, 95% interval), and ours ÷ theirs in
+    speed. Empty when no peer ran."""
+    described = rows.drop_duplicates("decoder")
+    source_of = {line.decoder: source_from_columns(line, line.implementation) for _, line in described.iterrows()}
+    records = []
+    for peer, source in source_of.items():
+        if source is None or source.kind != "suffix" or source.implementation == "ours":
+            continue
+        ours = next((name for name, other in source_of.items() if other == replace(source, implementation="ours")), None)
+        if ours is None:
+            continue
+        for category, group in rows[rows.decoder.isin([ours, peer])].groupby("category", sort=False):
+            per_prompt = group.pivot_table(index="prompt_id", columns="decoder", values="tokens_per_target_forward",
+                                           aggfunc="median").dropna()
+            forwards = metrics.over_prompts(per_prompt[ours] / per_prompt[peer])
+            speed = metrics.mean_speedup(group, ours, peer)
+            records.append({"category": category, "ours": ours, "peer": peer,
+                            "ours_tokens_per_forward": metrics.geometric_mean(per_prompt[ours]),
+                            "peer_tokens_per_forward": metrics.geometric_mean(per_prompt[peer]),
+                            **forwards.columns("forward_ratio"), **speed.columns("speed_ratio")})
+    return pd.DataFrame(records)

@@ -124,3 +124,16 @@ def tree_findings(tables: Tables, gain: float = 1.15) -> str:
                      f"the chain ({row.tree_tokens_per_forward:.2f} against {row.chain_tokens_per_forward:.2f} tokens "
                      f"per target forward){predicted}: it {verdict} {gain:.2f}x.")
     return words.bullets(lines)
+
+
+def suffix_findings(suffix: pd.DataFrame) -> str:
+    """Our suffix decoding against arctic-inference's, per kind of text: tokens per target forward (the
+    issue's target: ours at least as many) and speed."""
+    lines = []
+    for _, row in suffix.iterrows():
+        forwards, speed = Speedup.from_line(row, "forward_ratio"), Speedup.from_line(row, "speed_ratio")
+        verdict = "at least as many" if forwards.value >= 1 else "fewer"
+        lines.append(f"**{row.category}**: ours makes {row.ours_tokens_per_forward:.2f} tokens per target forward, "
+                     f"arctic-inference's {row.peer_tokens_per_forward:.2f}: {words.interval(forwards)} as many "
+                     f"({verdict}), at {words.interval(speed)} its speed.")
+    return words.bullets(lines)

@@ -1,0 +1,162 @@
+"""Suffix decoding (decoders.suffix): the suffix tree counts every substring, forgets a removed sequence
+completely, proposes what arctic-inference's C++ tree proposes, and decoding with it (ours or arctic's)
+equals AR; a prompt run again never reads its own earlier answer, another prompt does."""
+
+from __future__ import annotations
+
+import random
+from collections import Counter
+
+import pytest
+
+from tiny import PROMPT, tiny_llama
+from specdec_lab.decoders import autoregressive, speculative
+from specdec_lab.decoders.suffix import (ArcticSuffixCandidates, SuffixCandidates, SuffixTrie, Speculation,
+                                         arctic_available, arctic_cache, merged)
+from specdec_lab.decoders.trees import tree_problem
+from specdec_lab.method import SuffixSettings
+from specdec_lab.sampling import GREEDY
+
+needs_arctic = pytest.mark.skipif(not arctic_available(),
+                                  reason="arctic-inference's suffix tree is not built: `make arctic` (CI builds it)")
+
+
+def counts(trie: SuffixTrie) -> Counter:
+    """Every substring in the trie with its count (nodes with none left must be gone)."""
+    found, stack = Counter(), [((), trie.root)]
+    while stack:
+        string, node = stack.pop()
+        for token, child in node.children.items():
+            assert child.count > 0, f"a node with no occurrence left: {string + (token,)}"
+            found[string + (token,)] = child.count
+            stack.append((string + (token,), child))
+    return found
+
+
+def substrings(sequences, max_depth: int) -> Counter:
+    return Counter(tuple(text[start:end]) for text in sequences for start in range(len(text))
+                   for end in range(start + 1, min(len(text), start + max_depth) + 1))
+
+
+def test_the_trie_counts_every_substring_and_forgets_a_removed_sequence_completely():
+    rng = random.Random(0)
+    sequences = {name: [rng.randrange(4) for _ in range(rng.randrange(5, 40))] for name in "abc"}
+    trie = SuffixTrie(max_depth=5)
+    for name, text in sequences.items():
+        cut = rng.randrange(len(text))
+        trie.extend(name, text[:cut])  # grown in two pieces, as a generation grows
+        trie.extend(name, text[cut:])
+    assert counts(trie) == substrings(sequences.values(), 5)
+    assert trie.root.count == sum(map(len, sequences.values()))
+    trie.remove("b")
+    assert counts(trie) == substrings([sequences["a"], sequences["c"]], 5)
+    trie.extend("b", [1, 2])  # a removed sequence starts again from nothing
+    assert counts(trie) == substrings([sequences["a"], sequences["c"], [1, 2]], 5)
+
+
+def test_a_path_proposes_the_most_frequent_continuation_within_the_match_length_budget():
+    trie = SuffixTrie(max_depth=8)
+    trie.extend(0, [1, 2, 3, 4, 9, 1, 2, 3, 4, 9, 1, 2, 3, 5])
+    # "2 3" occurs 3 times: followed by 4 twice, by 5 once; the budget is the match length (factor 1)
+    found = trie.speculate([7, 1, 2, 3], max_tokens=8, tree=False, min_token_prob=0.0)
+    assert found.match_length == 3 and found.token_ids == [4, 9, 1]
+    assert found.probs == pytest.approx([2 / 3, 2 / 3, 2 / 3])
+    tree = trie.speculate([7, 1, 2, 3], max_tokens=8, spec_factor=2.0, tree=True, min_token_prob=0.0)
+    assert tree.token_ids[:3] == [4, 9, 1]  # the most probable nodes first
+    assert tree.parents[tree.token_ids.index(5)] == -1  # then the rarer sibling of the first
+    assert tree.score >= found.score
+
+
+def test_min_token_prob_cuts_unlikely_continuations():
+    trie = SuffixTrie(max_depth=8)
+    trie.extend(0, [1, 2, 1, 3, 1, 4, 1, 5, 1])
+    assert trie.speculate([0, 1], 4, 1.0, 0.0, min_token_prob=0.3, tree=True).token_ids == []
+    assert len(trie.speculate([0, 1], 4, 1.0, 0.0, min_token_prob=0.2, tree=True).token_ids) == 1
+
+
+@needs_arctic
+def test_our_suffix_tree_proposes_what_arctic_inference_proposes():
+    """The same proposal (score and length) as arctic-inference's C++ tree on random texts, paths and trees;
+    it breaks a few ties between equally frequent continuations otherwise."""
+    rng = random.Random(1)
+    same, trials = 0, 0
+    for _ in range(600):
+        depth, vocab = rng.choice([3, 8, 24]), rng.choice([3, 6, 20])
+        prompt = [rng.randrange(vocab) for _ in range(rng.randrange(2, 80))]
+        context = (prompt + [rng.randrange(vocab) for _ in range(rng.randrange(0, 10))])[-depth:]
+        cache = arctic_cache(depth)
+        cache.start_request("r", prompt)
+        ours = SuffixTrie(depth)
+        ours.extend(0, prompt)
+        for tree in (False, True):
+            rules = dict(max_tokens=rng.randrange(1, 12), spec_factor=rng.choice([0.5, 1.0, 2.0]),
+                         min_token_prob=rng.choice([0.0, 0.1, 0.3]))
+            theirs = cache.speculate("r", context, max_spec_tokens=rules["max_tokens"],
+                                     max_spec_factor=rules["spec_factor"], min_token_prob=rules["min_token_prob"],
+                                     use_tree_spec=tree)
+            found = ours.speculate(context, tree=tree, **rules)
+            trials += 1
+            same += abs(theirs.score - found.score) < 1e-4 and len(theirs.token_ids) == len(found.token_ids)
+    assert same >= 0.99 * trials, f"{same} of {trials} proposals alike"
+
+
+def test_merged_proposals_keep_shared_paths_once_and_the_most_probable_nodes():
+    own = Speculation([5, 6, 7], [-1, 0, 1], [0.9, 0.6, 0.3])
+    earlier = Speculation([5, 8, 9], [-1, 0, -1], [0.5, 0.4, 0.2])
+    everything = merged(own, earlier, budget=10)
+    assert everything.token_ids == [5, 6, 7, 8, 9] and everything.parents == [-1, 0, 1, 0, -1]
+    cut = merged(own, earlier, budget=3)
+    assert cut.token_ids == [5, 6, 8] and cut.parents == [-1, 0, 0]
+    assert tree_problem(cut.token_ids, cut.parents) is None
+
+
+def ar(model, prompt=PROMPT, max_new_tokens=60):
+    return autoregressive.generate(model, prompt, max_new_tokens, stop_ids=[]).tokens
+
+
+SMALL = dict(vocab_size=16, hidden=32, weight_std=0.3, eos_token_id=None)  # a model that repeats itself
+
+
+def make_ours(tree, history=None):
+    return SuffixCandidates(k=8, tree=tree, settings=SuffixSettings(max_depth=8), history=history)
+
+
+def make_arctic(tree, cache=None):
+    return ArcticSuffixCandidates(cache or arctic_cache(8), k=8, tree=tree, settings=SuffixSettings(max_depth=8))
+
+
+@pytest.mark.parametrize("make", [make_ours, pytest.param(make_arctic, marks=needs_arctic)], ids=["ours", "arctic"])
+@pytest.mark.parametrize("tree", [True, False], ids=["tree", "path"])
+def test_suffix_decoding_equals_ar_and_accepts_what_the_text_repeats(make, tree):
+    model = tiny_llama(0, **SMALL)
+    result = speculative.generate(model, make(tree), PROMPT, 60, GREEDY, stop_ids=[])
+    assert result.tokens == ar(model)
+    assert sum(result.accepted_per_step) >= 20  # its own generated text, read as it grows
+
+
+def test_a_prompt_run_again_does_not_read_its_own_earlier_answer_and_another_prompt_does():
+    model = tiny_llama(0, **SMALL)
+    history = SuffixTrie(8)
+    first = speculative.generate(model, make_ours(True, history), PROMPT, 30, stop_ids=[])
+    again = speculative.generate(model, make_ours(True, history), PROMPT, 30, stop_ids=[])
+    assert again.accepted_per_step == first.accepted_per_step  # its earlier answer was dropped first
+    assert len(history.sequences) == 1  # one answer per prompt
+    # another prompt whose answer is the rest of the first one's (greedy continues the same text): it reads
+    # that answer from the history
+    other = [*PROMPT, *first.tokens[:4]]
+    alone = speculative.generate(model, make_ours(True), other, 26, stop_ids=[])
+    helped = speculative.generate(model, make_ours(True, history), other, 26, stop_ids=[])
+    assert helped.tokens == alone.tokens == first.tokens[4:]
+    assert sum(helped.accepted_per_step) > sum(alone.accepted_per_step)
+    assert len(history.sequences) == 2
+
+
+@pytest.mark.parametrize("make, problem", [
+    (lambda: SuffixSettings(max_depth=1), "max_depth must be an integer >= 2, got 1"),
+    (lambda: SuffixSettings(min_token_prob=1.5), "min_token_prob must be in"),
+    (lambda: SuffixCandidates(k=0), "k .* must be an integer >= 1, got 0"),
+    (lambda: SuffixCandidates(history=SuffixTrie(5)), "5 deep, the settings say 24"),
+])
+def test_bad_suffix_settings_are_refused(make, problem):
+    with pytest.raises(ValueError, match=problem):
+        make()
