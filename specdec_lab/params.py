@@ -203,6 +203,7 @@ RULES: dict[str, Callable[[str, object], str | None]] = {
     "tree_nodes": _non_negative_int,  # 0: no token trees; else the trees' node budget (the picker sizes the draft's)
     "tree_branches": _positive_int,  # matches a prompt-lookup tree merges
     "suffix_k": _non_negative_int,  # 0: no suffix decoding; else its tokens a step (a tree's nodes, a path's length)
+    "suffix_spec_factor": _non_negative_number,  # suffix decoding proposes at most this x the match length
     "control_prompts": _positive_int,
     "control_max_new_tokens": _positive_int,
     "control_target": _model_spec,

@@ -169,6 +169,24 @@ def test_replayed_draft_tree_takes_the_decoders_steps(greedy, shape):
     assert any(a > 0 for a in run.accepted)
 
 
+PEAKED = tiny_llama(2, weight_std=0.3)  # its own draft: every drafted token is right, at top probabilities 0.2-0.6
+
+
+@pytest.mark.parametrize("shape", [[(-1, 0), (0, 0), (1, 0), (2, 0), (3, 0)], SHAPES[0]])
+def test_replayed_draft_tree_with_a_confidence_stop_takes_the_decoders_steps(shape):
+    """The target as its own draft, so every main-path token is right and the confidence stop alone sets how
+    deep each step drafts and accepts: the replay's stop, read off the forecast along y, is the real one (a
+    stop read one level off, or on the wrong node, accepts another number of tokens)."""
+    greedy = autoregressive.generate(PEAKED, PROMPT, 48, stop_ids=[]).tokens
+    real = speculative.generate(PEAKED, DraftTreeCandidates(PEAKED, shape=shape, confidence_threshold=0.3), PROMPT,
+                                48, stop_ids=[])
+    tree = picker.TeacherForcedTree(picker.forecast_draft(PEAKED, PROMPT, greedy), shape, confidence_threshold=0.3)
+    run = picker.replay(tree, PROMPT, greedy, 48)
+    assert (run.proposed, run.accepted) == steps(real)
+    assert run.draft_forwards == real.draft_forwards
+    assert len(set(run.accepted)) >= 3  # the stop cut at several depths
+
+
 def test_replayed_prompt_lookup_tree_takes_the_decoders_steps(greedy):
     real = speculative.generate(TARGET, PromptLookupTreeCandidates(4, branches=3, nodes=10), PROMPT, 48, stop_ids=[])
     run = picker.replay(PromptLookupTreeCandidates(4, branches=3, nodes=10), PROMPT, greedy, 48)

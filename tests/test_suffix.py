@@ -100,13 +100,14 @@ def test_our_suffix_tree_proposes_what_arctic_inference_proposes():
     assert same >= 0.99 * trials, f"{same} of {trials} proposals alike"
 
 
-def test_merged_proposals_keep_shared_paths_once_and_the_most_probable_nodes():
-    own = Speculation([5, 6, 7], [-1, 0, 1], [0.9, 0.6, 0.3])
-    earlier = Speculation([5, 8, 9], [-1, 0, -1], [0.5, 0.4, 0.2])
+def test_merged_proposals_hold_the_higher_score_one_whole_then_the_others_most_probable_nodes():
+    own = Speculation([5, 6, 7], [-1, 0, 1], [0.9, 0.6, 0.3])  # score 1.8
+    earlier = Speculation([5, 8, 9, 4], [-1, 0, -1, 2], [1.0, 0.9, 0.2, 0.2])  # score 2.3: placed whole first
     everything = merged(own, earlier, budget=10)
-    assert everything.token_ids == [5, 6, 7, 8, 9] and everything.parents == [-1, 0, 1, 0, -1]
-    cut = merged(own, earlier, budget=3)
-    assert cut.token_ids == [5, 6, 8] and cut.parents == [-1, 0, 0]
+    assert everything.token_ids == [5, 8, 9, 4, 6, 7] and everything.parents == [-1, 0, -1, 2, 0, 4]
+    cut = merged(own, earlier, budget=5)  # room for one more: own's 6 (0.6) before its child 7
+    assert cut.token_ids == [5, 8, 9, 4, 6] and cut.parents == [-1, 0, -1, 2, 0]
+    assert merged(own, Speculation(), budget=2).token_ids == [5, 6]
     assert tree_problem(cut.token_ids, cut.parents) is None
 
 

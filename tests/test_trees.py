@@ -11,7 +11,7 @@ import torch
 from tiny import PROMPT, on_llama_cpp, tiny_llama
 from specdec_lab.decoders import autoregressive, speculative
 from specdec_lab.decoders.backend import open_sequence, vocab_size
-from specdec_lab.decoders.candidates import (Candidates, DraftTreeCandidates, PromptLookupCandidates,
+from specdec_lab.decoders.candidates import (Candidates, DraftModelCandidates, DraftTreeCandidates, PromptLookupCandidates,
                                              PromptLookupTreeCandidates, longest_matches)
 from specdec_lab.decoders.trees import accept_tree_greedy, tree_mask, tree_problem, verify_tree
 from specdec_lab.models import llama_cpp
@@ -178,6 +178,33 @@ def test_fixed_shape_draft_trees_equal_ar_and_fill_each_rank(on, shape):
     assert proposal.parents == [parent for parent, _ in shape]
 
 
+@pytest.mark.parametrize("threshold", [0.0, 0.25, 0.4])
+def test_a_chain_shaped_tree_with_a_confidence_stop_drafts_what_the_adaptive_chain_drafts(on, threshold):
+    """A fixed tree the picker sized as a chain, with the chain's confidence stop: the same proposals, steps
+    and draft forwards as the chain (a stop read on the wrong level or node, or after the level was grown,
+    differs). The target drafts for itself, top probabilities 0.2-0.6: the stop alone sets the depth."""
+    target, draft = on("peaked"), on("peaked again")
+    shape = [(-1, 0), (0, 0), (1, 0), (2, 0), (3, 0)]
+    chain = speculative.generate(target, DraftModelCandidates(draft, 5, "constant", threshold), PROMPT, 40, stop_ids=[])
+    tree = speculative.generate(target, DraftTreeCandidates(draft, shape=shape, confidence_threshold=threshold),
+                                PROMPT, 40, stop_ids=[])
+    assert tree.tokens == chain.tokens == ar(target)
+    assert (tree.proposed_per_step, tree.accepted_per_step, tree.draft_forwards) == (
+        chain.proposed_per_step, chain.accepted_per_step, chain.draft_forwards)
+    if threshold:
+        assert len(set(chain.proposed_per_step[:-1])) >= 3  # the stop cut at several depths
+
+
+def test_a_branching_tree_with_a_confidence_stop_equals_ar_and_drafts_no_deeper_than_its_main_path_allows(on):
+    target, draft = on("target"), on("draft")
+    shape = [(-1, 0), (-1, 1), (0, 0), (0, 1), (2, 0), (4, 0)]
+    stopped = speculative.generate(target, DraftTreeCandidates(draft, shape=shape, confidence_threshold=0.5),
+                                   PROMPT, 40, stop_ids=[])
+    full = speculative.generate(target, DraftTreeCandidates(draft, shape=shape), PROMPT, 40, stop_ids=[])
+    assert stopped.tokens == full.tokens == ar(target)
+    assert sum(stopped.proposed_per_step) < sum(full.proposed_per_step)
+
+
 def test_the_target_as_its_own_draft_tree_accepts_its_whole_top_path(on):
     """Greedy, every node grown (beam 8: all of a level): the draft's top child is the target's argmax at
     every level, so every tree is accepted to its depth; a level fed with the wrong ancestors or
@@ -223,6 +250,8 @@ def test_longest_matches_are_the_longest_first_one_per_continuation(tokens, coun
     (lambda: PromptLookupTreeCandidates(branches=0), "branches must be an integer >= 1, got 0"),
     (lambda: DraftTreeCandidates(None, shape=[(-1, 0), (-1, 0)]), "siblings of distinct ranks"),
     (lambda: DraftTreeCandidates(None, shape=[(0, 0)]), "parent 0"),
+    (lambda: DraftTreeCandidates(None, confidence_threshold=0.4), "applies to a fixed tree"),
+    (lambda: DraftTreeCandidates(None, shape=[(-1, 0)], confidence_threshold=1.0), r"must be in \[0, 1\), got 1.0"),
 ])
 def test_bad_tree_settings_are_refused(make, problem):
     with pytest.raises(ValueError, match=problem):

@@ -17,6 +17,7 @@ needs_vllm = pytest.mark.skipif(not vllm_peer.available(),
                                 reason=f"vLLM is not installed ({vllm_peer.python()} is missing): run `make vllm`")
 MODEL = "smollm2-135m-instruct"
 NGRAM = {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 3, "prompt_lookup_min": 1}
+SUFFIX = {"method": "suffix", "num_speculative_tokens": 8, "suffix_decoding_max_tree_depth": 24}
 
 
 @pytest.fixture(scope="module")
@@ -47,6 +48,22 @@ def test_vllm_ngram_speculation_keeps_its_text_and_reports_its_counters(kit_ar):
             # this call's counters, not the run's so far: each draft is verified in a step that yields a token
             assert extras["vllm_drafts"] <= len(result.tokens)
             assert sum(extras["vllm_accepted_per_position"]) == extras["vllm_accepted"]
+
+
+@needs_vllm
+def test_vllm_suffix_decoding_runs_on_the_cpu_build_and_keeps_its_text(kit_ar):
+    """vLLM's `suffix` method on arctic-inference's suffix tree (`make vllm` adds the part `make arctic` built):
+    the same text as the kit's AR, proposals counted per call."""
+    with vllm_peer.VllmPeer(zoo.ensure(MODEL), speculative_config=SUFFIX) as peer:
+        drafts = 0
+        for ids, ours in kit_ar:
+            result = vllm_peer.generate(peer, ids, 24)
+            assert result.tokens == ours
+            extras = result.extras
+            assert 0 <= extras["vllm_accepted"] <= extras["vllm_draft_tokens"] <= 8 * extras["vllm_drafts"]
+            assert extras["vllm_drafts"] <= len(result.tokens)
+            drafts += extras["vllm_drafts"]
+        assert drafts > 0  # it proposed: HumanEval answers repeat their prompts' code
 
 
 @needs_vllm

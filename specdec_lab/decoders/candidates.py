@@ -238,7 +238,11 @@ class DraftTreeCandidates:
     With a `shape` ((parent, rank) per node, parents first: Sequoia's tree from `cost_model.tree_shape`)
     the tree is that one instead: each node is its parent's rank-th most likely draft token (under
     sampling: as many children as the shape gives, drawn without replacement), and a level's nodes that
-    have children are fed together. Its expected acceptance is then what the picker predicts.
+    have children are fed together. Its expected acceptance is then what the picker predicts. With a
+    `confidence_threshold`, a fixed tree stops as the adaptive chain does: after a level whose main-path
+    parent (rank 0 under rank 0 from the root: the chain a degenerate tree is) has its top draft
+    probability below the threshold, nothing deeper is drafted (a tree the picker sized as a chain then
+    drafts what the adaptive chain drafts, not its full depth every step).
 
     The draft's cache holds the sequence's real tokens between steps, as for a chain; the tree's nodes
     leave it after every proposal. On llama.cpp, where a masked forward's cells cannot stay for the next
@@ -248,11 +252,16 @@ class DraftTreeCandidates:
     origin = DRAFT_MODEL
 
     def __init__(self, model, depth: int = 5, branching: int = 3, beam: int = 4, nodes: int = 16,
-                 shape: Sequence[tuple[int, int]] | None = None):
+                 shape: Sequence[tuple[int, int]] | None = None, confidence_threshold: float = 0.0):
         for name, value in (("depth", depth), ("branching", branching), ("beam", beam), ("nodes", nodes)):
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"a draft tree's {name} must be an integer >= 1, got {value!r} "
                                  "(e.g. depth=5, branching=3, beam=4, nodes=16)")
+        if not 0.0 <= confidence_threshold < 1.0:
+            raise ValueError(f"a draft tree's confidence_threshold must be in [0, 1), got {confidence_threshold}")
+        if confidence_threshold and shape is None:
+            raise ValueError("a confidence stop applies to a fixed tree (give its shape); a dynamic tree keeps "
+                             "its most probable nodes instead")
         if shape is not None:
             shape = [(int(parent), int(rank)) for parent, rank in shape]
             # siblings of distinct ranks, as siblings of distinct tokens
@@ -263,7 +272,7 @@ class DraftTreeCandidates:
             shape = level_order(shape)  # cut at a depth, the tree is then a prefix of the list
             depth = max(depths([parent for parent, _ in shape]))
         self.model, self.depth, self.branching, self.beam, self.nodes = model, depth, branching, beam, nodes
-        self.shape = shape
+        self.shape, self.confidence_threshold = shape, confidence_threshold
         self.reset(vocab_size=None)
 
     def reset(self, vocab_size: int | None) -> None:
@@ -313,6 +322,7 @@ class DraftTreeCandidates:
         parents = [parent for parent, _ in shape]
         token_ids, rows = [None] * len(shape), [None] * len(shape)
         logits_of, in_cache, has_children = {-1: root_logits}, [], set(parents)
+        main = -1  # the main path's node above this level
         for level in range(1, depth + 1):
             for parent in sorted({parents[node] for node in range(len(shape)) if node_depths[node] == level}):
                 if parent not in logits_of:
@@ -329,6 +339,12 @@ class DraftTreeCandidates:
                                                generator=rng).tolist()
                 for node, token in zip(below, chosen):
                     token_ids[node], rows[node] = token, q
+            if self.confidence_threshold and main in logits_of:
+                logits = logits_of[main]
+                top = float((logits.float().softmax(-1) if sampling.greedy else probabilities(logits, sampling)).max())
+                if top < self.confidence_threshold:
+                    break  # the draft is unsure on its main path: nothing deeper (the nodes below stay empty)
+            main = next((node for node in range(len(shape)) if parents[node] == main and shape[node][1] == 0), None)
             grow = [node for node in range(len(shape))
                     if node_depths[node] == level and node in has_children and token_ids[node] is not None]
             if grow:

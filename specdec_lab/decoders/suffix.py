@@ -228,30 +228,35 @@ class SuffixCandidates:
 
 
 def merged(first: Speculation, second: Speculation, budget: int) -> Candidates:
-    """The two proposals as one trie: shared paths once (at the higher probability), then the `budget`
-    most probable nodes, parents before children."""
-    token_ids, parents, probs, node_of = [], [], [], {}
-    for speculation in (first, second):
-        index_of = {}
-        for index, (token, parent, p) in enumerate(zip(speculation.token_ids, speculation.parents, speculation.probs)):
-            key = (index_of[parent] if parent >= 0 else -1, token)
-            if key not in node_of:
-                node_of[key] = len(token_ids)
-                token_ids.append(token)
-                parents.append(key[0])
-                probs.append(p)
-            else:
-                probs[node_of[key]] = max(probs[node_of[key]], p)
-            index_of[index] = node_of[key]
-    # a node is at most as probable as its parent in each proposal, so after the max it still is: the
-    # best `budget` by (probability, depth first) keep every kept node's parent
-    depth = []
-    for parent in parents:
-        depth.append(0 if parent < 0 else depth[parent] + 1)
-    kept = sorted(sorted(range(len(token_ids)), key=lambda node: (-probs[node], depth[node], node))[:budget])
-    number = {node: index for index, node in enumerate(kept)}
-    return Candidates([token_ids[node] for node in kept], None,
-                      [number[parents[node]] if parents[node] >= 0 else -1 for node in kept])
+    """One trie of the two proposals: the one of higher score whole (what arctic-inference proposes), then
+    the other's most probable nodes while the budget lasts, paths both share counted once. A tree that
+    holds arctic's proposal accepts at least what it accepts."""
+    best, other = (first, second) if first.score >= second.score else (second, first)
+    token_ids, parents, node_of = [], [], {}  # node_of[(parent node, token)]: the merged node
+
+    def place(speculation: Speculation, index: int, mapped: dict) -> bool:
+        """Map node `index` of `speculation` into the trie (a new node only if room is left)."""
+        parent = speculation.parents[index]
+        if parent >= 0 and parent not in mapped:
+            return False  # its parent did not fit: neither does it
+        key = (mapped[parent] if parent >= 0 else -1, speculation.token_ids[index])
+        if key not in node_of:
+            if len(token_ids) == budget:
+                return False
+            node_of[key] = len(token_ids)
+            token_ids.append(key[1])
+            parents.append(key[0])
+        mapped[index] = node_of[key]
+        return True
+
+    mapped_best, mapped_other = {}, {}
+    for index in range(len(best.token_ids)):
+        place(best, index, mapped_best)
+    # most probable first; a child is never more probable than its parent and comes after it, so a
+    # parent is always placed (or refused) before its children
+    for index in sorted(range(len(other.token_ids)), key=lambda node: (-other.probs[node], node)):
+        place(other, index, mapped_other)
+    return Candidates(token_ids, None, parents)
 
 
 # --- arctic-inference's suffix tree (the peer) -----------------------------------------------------

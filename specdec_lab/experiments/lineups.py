@@ -136,18 +136,20 @@ def draft_tree(target: LoadedModel, draft: LoadedModel, depth: int, tree: TreeSe
 
 
 def sized_draft_tree(target: LoadedModel, draft: LoadedModel, shape: Sequence[tuple[int, int]], max_new_tokens: int,
-                     sampling: Sampling = GREEDY) -> Method:
+                     sampling: Sampling = GREEDY, confidence_threshold: float = 0.0) -> Method:
     """Our draft model filling a fixed tree: Sequoia's, which the picker sized from this machine's T(n)
-    and the draft's per-rank acceptance (`picker.size_tree`)."""
+    and the draft's per-rank acceptance (`picker.size_tree`), stopping where the draft is unsure on its
+    main path (`confidence_threshold`, the adaptive chain's)."""
+    stop = f", stop below p={confidence_threshold}" if confidence_threshold else ""
     return with_candidates(
-        target, lambda: DraftTreeCandidates(draft.model, shape=shape), max_new_tokens, sampling,
-        f"draft tree, {len(shape)} nodes, depth {tree_depth(shape)}, sized by the picker (ours)",
-        sized_tree_source(shape))
+        target, lambda: DraftTreeCandidates(draft.model, shape=shape, confidence_threshold=confidence_threshold),
+        max_new_tokens, sampling, f"draft tree, {len(shape)} nodes, depth {tree_depth(shape)}{stop}, sized by the picker (ours)",
+        sized_tree_source(shape, confidence_threshold))
 
 
-def sized_tree_source(shape: Sequence[tuple[int, int]]) -> CandidateSource:
+def sized_tree_source(shape: Sequence[tuple[int, int]], confidence_threshold: float = 0.0) -> CandidateSource:
     widest = max(Counter(parent for parent, _ in shape).values())
-    return CandidateSource("draft model", k=tree_depth(shape),
+    return CandidateSource("draft model", k=tree_depth(shape), confidence_threshold=confidence_threshold,
                            tree=TreeSettings(len(shape), widest, shape=shape_label(shape)))
 
 
@@ -301,7 +303,8 @@ def speculative_methods(target: LoadedModel, draft: LoadedModel, k: int, max_new
                         hybrid_settings: HybridSettings | None = None, hybrid_prefill_ratio: float = 0.0,
                         tree_shape: Sequence[tuple[int, int]] | None = None,
                         lookup_tree: TreeSettings | None = None, suffix_k: int = 0,
-                        suffix: SuffixSettings = SuffixSettings(), suffix_peer: bool = False) -> list[Method]:
+                        suffix: SuffixSettings = SuffixSettings(), suffix_path: bool = True,
+                        suffix_peer: bool = False) -> list[Method]:
     """AR baseline; our speculative decoder and transformers' assisted generation configured alike,
     for each of `schedules` (k constant; the heuristic schedule from the same k with the same
     confidence stop); prompt lookup, each named by its own n-gram rule; optionally transformers'
@@ -309,7 +312,7 @@ def speculative_methods(target: LoadedModel, draft: LoadedModel, k: int, max_new
     assisted generation with a draft of another tokenizer, (given the draft's cost ratio) our
     hybrid candidate source, token trees: the draft filling `tree_shape` (the picker's) and
     prompt lookup merging matches into `lookup_tree`, and (`suffix_k` > 0) suffix decoding as a tree and
-    as a path, with (`suffix_peer`) arctic-inference's suffix tree beside ours."""
+    (`suffix_path`) as a path, with (`suffix_peer`) arctic-inference's suffix tree beside ours."""
     unknown = [schedule for schedule in schedules if schedule not in SCHEDULES]
     if unknown or not schedules:
         raise ValueError(f"schedules must be a non-empty list of {list(SCHEDULES)}, got {list(schedules)}")
@@ -340,11 +343,12 @@ def speculative_methods(target: LoadedModel, draft: LoadedModel, k: int, max_new
              prompt_lookup_num_tokens=prompt_lookup_k),
     ]
     if tree_shape:
-        methods.append(sized_draft_tree(target, draft, tree_shape, max_new_tokens, sampling))
+        methods.append(sized_draft_tree(target, draft, tree_shape, max_new_tokens, sampling, adaptive_threshold))
     if lookup_tree is not None:
         methods.append(prompt_lookup_tree(target, prompt_lookup_k, lookup_tree, max_new_tokens, sampling))
     if suffix_k:
-        methods += [suffix_decoding(target, suffix_k, tree, suffix, max_new_tokens, sampling) for tree in (True, False)]
+        methods += [suffix_decoding(target, suffix_k, tree, suffix, max_new_tokens, sampling)
+                    for tree in ((True, False) if suffix_path else (True,))]
         if suffix_peer:
             methods.append(suffix_decoding(target, suffix_k, True, suffix, max_new_tokens, sampling, "arctic-inference"))
     if transformers_defaults:

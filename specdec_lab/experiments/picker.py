@@ -123,19 +123,20 @@ class TeacherForcedTree:
 
     origin = DRAFT_MODEL
 
-    def __init__(self, forecast: DraftForecast, shape: Sequence[tuple[int, int]]):
+    def __init__(self, forecast: DraftForecast, shape: Sequence[tuple[int, int]], confidence_threshold: float = 0.0):
         self.forecast, self.shape = forecast, level_order(list(shape))  # as `DraftTreeCandidates` orders it
         self.node_depths = depths([parent for parent, _ in self.shape])
+        self.confidence_threshold = confidence_threshold
         self.reset()
 
     def reset(self, vocab_size: int | None = None) -> None:
         self.forwards, self.widths = 0, []
 
     def propose(self, tokens, max_candidates, sampling, rng) -> Candidates:
-        kept = range(sum(depth <= max_candidates for depth in self.node_depths))  # level order: a prefix
-        if not kept:
-            return Candidates([])
         position = len(tokens) - 1  # the forecast entry after the sequence's last token
+        kept = range(sum(depth <= self.stop_depth(position, max_candidates) for depth in self.node_depths))
+        if not kept:  # level order: the nodes down to a depth are a prefix
+            return Candidates([])
         on_path, token_ids = {-1}, []
         for node in kept:
             parent, rank = self.shape[node]
@@ -148,6 +149,17 @@ class TeacherForcedTree:
         self.widths += [1, *widths]
         self.forwards += 1 + len(widths)
         return Candidates(token_ids, None, [self.shape[node][0] for node in kept])
+
+    def stop_depth(self, position: int, max_candidates: int) -> int:
+        """The deepest level drafted: the confidence stop read off the main path's top probabilities, the
+        forecast's along y (the draft's real ones while the path is right; after that a guess, as for the
+        chain's replay)."""
+        depth = min(max(self.node_depths), max_candidates)
+        if self.confidence_threshold:
+            for level in range(1, depth + 1):
+                if self.forecast.at(position + level - 1)[1] < self.confidence_threshold:
+                    return level
+        return depth
 
     def update(self, tokens, num_accepted, num_proposed) -> None:
         pass
@@ -343,13 +355,14 @@ def size_tree(calibrations: Sequence[Calibration], costs: Costs, max_nodes: int,
 
 
 def tree_candidates(tree_shape: Sequence[tuple[int, int]] | None, prompt_lookup_k: int,
-                    lookup_tree: TreeSettings | None) -> list[Candidate]:
-    """The token-tree sources the line-up runs: the picker's sized draft tree, replayed exactly
-    (`TeacherForcedTree`), and the prompt-lookup tree, replayed as it runs."""
+                    lookup_tree: TreeSettings | None, adaptive_threshold: float = 0.4) -> list[Candidate]:
+    """The token-tree sources the line-up runs: the picker's sized draft tree with the adaptive chain's
+    confidence stop, replayed exactly (`TeacherForcedTree`), and the prompt-lookup tree, replayed as it runs."""
     listed = []
     if tree_shape:
-        listed.append(Candidate(f"draft tree ({len(tree_shape)} nodes)", lineups.sized_tree_source(tree_shape),
-                                lambda f: TeacherForcedTree(f, tree_shape)))
+        listed.append(Candidate(f"draft tree ({len(tree_shape)} nodes)",
+                                lineups.sized_tree_source(tree_shape, adaptive_threshold),
+                                lambda f: TeacherForcedTree(f, tree_shape, adaptive_threshold)))
     if lookup_tree is not None:
         listed.append(Candidate(f"prompt lookup tree ({lookup_tree.nodes} nodes)",
                                 lineups.prompt_lookup_tree_source(prompt_lookup_k, lookup_tree),

@@ -17,7 +17,7 @@ from specdec_lab.experiments.speculative_tables import (Picked, Tables, by_categ
                                                         per_category, picked_vs_measured, suffix_vs_peer,
                                                         the_draft_model_pair, tree_vs_chain)
 from specdec_lab.experiments.speculative_words import headline
-from specdec_lab.method import HybridSettings, TreeSettings, shape_label
+from specdec_lab.method import HybridSettings, SuffixSettings, TreeSettings, shape_label
 from specdec_lab.metrics import Speedup
 from specdec_lab.runs import bench, jsonl
 
@@ -198,15 +198,16 @@ def lookup_tree(params: dict) -> TreeSettings | None:
 
 def trees(params: dict, picked: Picked | None) -> dict:
     """The line-up's token trees: the picker's draft tree, the prompt-lookup tree, and suffix decoding's
-    (`suffix_k` tokens a step, 0: none), with arctic-inference's beside ours (`suffix_peer`) where
-    `make arctic` has built it."""
+    (`suffix_k` nodes a step, 0: none; at most `suffix_spec_factor` x the match length), with its path
+    (`suffix_path`) and arctic-inference's tree beside ours (`suffix_peer`) where `make arctic` has built it."""
     peer = bool(params["suffix_peer"] and params["suffix_k"])
     if peer and not suffix.arctic_available():
         print(f"arctic-inference's suffix tree is not built here (`make arctic`, which `make reproduce` runs, builds "
               f"it from {suffix.ARCTIC_PACKAGE}): its suffix-decoding rows are left out")
         peer = False
     return {"tree_shape": picked.tree_shape if picked else None, "lookup_tree": lookup_tree(params),
-            "suffix_k": params["suffix_k"], "suffix_peer": peer}
+            "suffix_k": params["suffix_k"], "suffix": SuffixSettings(spec_factor=float(params["suffix_spec_factor"])),
+            "suffix_path": params["suffix_path"], "suffix_peer": peer}
 
 
 def tree_config(picked: Picked | None) -> dict:

@@ -230,7 +230,8 @@ def control_mismatches(control: pd.DataFrame) -> pd.DataFrame:
 
 def tree_vs_chain(rows: pd.DataFrame, by_category: pd.DataFrame, picked: Picked | None = None) -> pd.DataFrame:
     """Per (category, source kind) with a tree method in the rows: the tree's per-token speedup over
-    our chain of the same source (the first in line-up order), paired per prompt (geometric mean, 95%
+    our chain of the same source (the one with the tree's confidence stop, else the first in line-up
+    order), paired per prompt (geometric mean, 95%
     interval, prompts), each one's tokens per target forward, and with a picker the predicted ratio
     (its predicted speedups of the two, from the held-out calibration prompts). What a method is
     comes from the rows' source columns."""
@@ -241,10 +242,13 @@ def tree_vs_chain(rows: pd.DataFrame, by_category: pd.DataFrame, picked: Picked 
     records = []
     for tree in [name for name in ours if source_of[name] is not None and source_of[name].tree is not None]:
         kind = source_of[tree].kind
-        chain = next((name for name in ours if source_of[name] is not None and source_of[name].kind == kind
-                      and source_of[name].tree is None), None)
-        if chain is None:
+        chains = [name for name in ours if source_of[name] is not None and source_of[name].kind == kind
+                  and source_of[name].tree is None]
+        if not chains:
             continue
+        # the chain with the tree's confidence stop where there is one (the adaptive draft for the sized tree)
+        chain = next((name for name in chains if source_of[name].confidence_threshold
+                      == source_of[tree].confidence_threshold), chains[0])
         speed = metrics.speedups(rows[rows.decoder.isin([tree, chain])], chain)
         for category, group in speed[speed.decoder == tree].groupby("category", sort=False):
             ratio = metrics.over_prompts(group.groupby("prompt_id").speedup.median())
