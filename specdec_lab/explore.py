@@ -17,7 +17,7 @@ from dataclasses import dataclass, field, replace
 
 from specdec_lab import data, models, quality, token_view
 from specdec_lab.experiments import lineups
-from specdec_lab.method import LookaheadConfig, Method, TreeSettings
+from specdec_lab.method import LookaheadConfig, Method, SuffixSettings, TreeSettings
 from specdec_lab.models import LoadedModel
 from specdec_lab.cllm.train import FINAL
 from specdec_lab.result import GenerationResult
@@ -28,6 +28,7 @@ AR = "AR"
 DRAFT = "speculative (draft model)"
 DRAFT_TREE = "draft tree"
 LOOKUP = "prompt lookup"
+SUFFIX = "suffix decoding"
 HYBRID = "hybrid"
 LOOKAHEAD = "lookahead"
 JACOBI = "Jacobi"
@@ -40,7 +41,7 @@ HYBRID_COST_RATIO = 0.3  # the draft's step over the target's, assumed (02 measu
 @dataclass(frozen=True)
 class Settings:
     """One run's choices. `k`: the draft length, prompt lookup's proposal, a tree's depth, lookahead's
-    window; `tree_nodes`: a draft tree's size; `block_size`: Jacobi's block."""
+    window; `tree_nodes`: a draft tree's or a suffix tree's size; `block_size`: Jacobi's block."""
 
     method: str = AR
     k: int = 5
@@ -110,6 +111,8 @@ class Explorer:
     draft: LoadedModel | None = None
     cllm: LoadedModel | None = None
     _ar_results: dict = field(default_factory=dict, repr=False)
+    # suffix decoding keeps its earlier answers: one method per setting, reused from run to run
+    _suffix_methods: dict = field(default_factory=dict, repr=False)
 
     @classmethod
     def load(cls, target: str, draft: str | None = None, cllm: str | None = None, dtype: str = "auto",
@@ -141,7 +144,7 @@ class Explorer:
     @property
     def methods(self) -> list[str]:
         """The methods these models can run."""
-        return [AR, *((DRAFT, DRAFT_TREE) if self.draft else ()), LOOKUP, *((HYBRID,) if self.draft else ()),
+        return [AR, *((DRAFT, DRAFT_TREE) if self.draft else ()), LOOKUP, SUFFIX, *((HYBRID,) if self.draft else ()),
                 LOOKAHEAD, JACOBI, *((CLLM_JACOBI,) if self.cllm else ())]
 
     def method(self, settings: Settings) -> Method:
@@ -167,6 +170,12 @@ class Explorer:
                                       sampling)
         if name == LOOKUP:
             return lineups.prompt_lookup(target, k, new, sampling)
+        if name == SUFFIX:  # the CPU profiles' rules; its tree of earlier answers grows with every run
+            key = (settings.tree_nodes, new, settings.temperature, settings.seed)
+            if key not in self._suffix_methods:
+                self._suffix_methods[key] = lineups.suffix_decoding(target, settings.tree_nodes, True,
+                                                                    SuffixSettings(spec_factor=4.0), new, sampling)
+            return self._suffix_methods[key]
         if name == HYBRID:
             return lineups.hybrid(target, draft, k, 2 * k, new, HYBRID_COST_RATIO, sampling)
         if name == LOOKAHEAD:

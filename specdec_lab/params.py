@@ -201,7 +201,7 @@ RULES: dict[str, Callable[[str, object], str | None]] = {
     "sweep_prompts": _non_negative_int,  # 0: no k sweep
     "picker_prompts": _non_negative_int,  # 0: no draft picker
     "tree_nodes": _non_negative_int,  # 0: no token trees; else the trees' node budget (the picker sizes the draft's)
-    "tree_branches": _positive_int,  # matches a prompt-lookup tree merges
+    "tree_branches": _non_negative_int,  # matches a prompt-lookup tree merges (0: no prompt-lookup tree)
     "suffix_k": _non_negative_int,  # 0: no suffix decoding; else its tokens a step (a tree's nodes, a path's length)
     "suffix_spec_factor": _non_negative_number,  # suffix decoding proposes at most this x the match length
     "control_prompts": _positive_int,

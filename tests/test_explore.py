@@ -23,14 +23,25 @@ def explorer(folders):
 
 
 def test_every_method_on_the_menu_runs_and_the_lossless_ones_write_ars_text(explorer):
-    assert explorer.methods == [explore.AR, explore.DRAFT, explore.DRAFT_TREE, explore.LOOKUP, explore.HYBRID,
-                                explore.LOOKAHEAD, explore.JACOBI]  # no CLLM loaded: no CLLM entry
+    assert explorer.methods == [explore.AR, explore.DRAFT, explore.DRAFT_TREE, explore.LOOKUP, explore.SUFFIX,
+                                explore.HYBRID, explore.LOOKAHEAD, explore.JACOBI]  # no CLLM loaded: no CLLM entry
     for name in explorer.methods:
         run = explorer.run(PROMPT, Settings(name, k=3, max_new_tokens=24))
         assert run.method.lossless and run.result.tokens == run.ar.tokens, name
         assert run.summary().startswith(run.method.name) and "the same text as AR" in run.summary()
         assert len(run.result.token_origins) == run.result.num_tokens
         assert 'class="tv-legend"' in run._repr_html_()
+
+
+def test_suffix_decoding_reads_the_answers_of_earlier_runs(explorer):
+    """The same method (and its tree of earlier answers) from run to run: a prompt that continues an earlier
+    answer has it proposed."""
+    settings = Settings(explore.SUFFIX, tree_nodes=8, max_new_tokens=16)
+    first = explorer.run("t5 t4 t3", settings)
+    assert explorer.method(settings) is first.method
+    words = explorer.target.tokenizer.decode(first.result.tokens[:3])
+    again = explorer.run(f"t5 t4 t3 {words}", settings)
+    assert again.result.tokens == again.ar.tokens
 
 
 def test_sampling_runs_where_the_method_samples_and_is_refused_where_it_cannot(explorer):

@@ -40,7 +40,8 @@ GOOD = params.load_yaml(REPO_ROOT / "params/smoke/02_speculative.yaml")
     ({"dtype": "auto", "device": "cuda"}, "dtype 'auto' chooses among torch's CPU paths, but device is 'cuda'"),
     ({"fp32_control": "yes"}, "fp32_control must be bool"),
     ({"tree_nodes": -1}, "tree_nodes must be an integer >= 0"),
-    ({"tree_branches": 0}, "tree_branches must be an integer >= 1"),
+    ({"tree_branches": -1}, "tree_branches must be an integer >= 0"),
+    ({"suffix_spec_factor": -1.0}, "suffix_spec_factor must be a number >= 0"),
     ({"tree_nodes": 8, "picker_prompts": 0}, "tree_nodes: 8 needs the draft picker"),
 ])
 def test_bad_values_are_named(change, message):

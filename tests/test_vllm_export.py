@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from specdec_lab.experiments import lineups, vllm_export
-from specdec_lab.method import HybridSettings, TreeSettings, source_columns
+from specdec_lab.method import HybridSettings, SuffixSettings, TreeSettings, source_columns
 
 EXPECTED = Path(__file__).parent / "data" / "vllm_export_expected.json"
 
@@ -22,6 +22,7 @@ LOOKUP = lineups.prompt_lookup_source(10)
 DRAFT = lineups.draft_source(5, "heuristic", 0.4)
 HYBRID = lineups.hybrid_source(5, 10, HybridSettings())
 TREE = lineups.sized_tree_source([(-1, 0), (-1, 1), (0, 0)])
+SUFFIX = lineups.suffix_source(16, True, SuffixSettings(spec_factor=4.0))
 TABLE = [
     line("code", "prompt lookup k=10", 1.67, LOOKUP), line("code", "draft adaptive k from 5", 1.10, DRAFT),
     line("code", "hybrid", 1.50, HYBRID),
@@ -29,8 +30,9 @@ TABLE = [
     line("math", "hybrid", 1.30, HYBRID), line("math", "draft adaptive k from 5", 1.21, DRAFT),
     line("math", "prompt lookup k=10", 1.02, LOOKUP),
     line("short QA", "draft tree (3 nodes)", 1.12, TREE), line("short QA", "prompt lookup k=10", 0.95, LOOKUP),
+    line("summarization", "suffix tree (16 nodes)", 1.45, SUFFIX),
 ]
-PICKER = {"table": TABLE, "recommended": [TABLE[0], TABLE[3], TABLE[5], TABLE[8]]}
+PICKER = {"table": TABLE, "recommended": [TABLE[0], TABLE[3], TABLE[5], TABLE[8], TABLE[10]]}
 
 
 def exported():
@@ -54,6 +56,10 @@ def test_each_kind_maps_to_its_vllm_method_and_says_what_it_approximates():
     assert by_kind["math"]["speculative_config"]["model"] == "Qwen/Qwen2.5-Coder-0.5B-Instruct"
     assert by_kind["short QA"]["speculative_config"]["num_speculative_tokens"] == 2  # the tree's depth
     assert "chain" in by_kind["short QA"]["approximation"]
+    assert by_kind["summarization"]["speculative_config"] == {
+        "method": "suffix", "num_speculative_tokens": 16, "suffix_decoding_max_tree_depth": 24,
+        "suffix_decoding_max_spec_factor": 4.0, "suffix_decoding_min_token_prob": 0.1}
+    assert "most frequent path" in by_kind["summarization"]["approximation"]
     command = by_kind["code"]["command"]
     assert command.startswith("vllm serve Qwen/Qwen2.5-Coder-1.5B-Instruct --speculative-config ")
     assert command.endswith("--tensor-parallel-size 2")

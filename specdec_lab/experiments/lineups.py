@@ -141,9 +141,15 @@ def sized_draft_tree(target: LoadedModel, draft: LoadedModel, shape: Sequence[tu
     and the draft's per-rank acceptance (`picker.size_tree`), stopping where the draft is unsure on its
     main path (`confidence_threshold`, the adaptive chain's)."""
     stop = f", stop below p={confidence_threshold}" if confidence_threshold else ""
+    if tree_depth(shape) == len(shape):  # sized as a chain: the chain's decoder drafts the same tokens, unmasked
+        def make():
+            return DraftModelCandidates(draft.model, len(shape), "constant", confidence_threshold)
+    else:
+        def make():
+            return DraftTreeCandidates(draft.model, shape=shape, confidence_threshold=confidence_threshold)
     return with_candidates(
-        target, lambda: DraftTreeCandidates(draft.model, shape=shape, confidence_threshold=confidence_threshold),
-        max_new_tokens, sampling, f"draft tree, {len(shape)} nodes, depth {tree_depth(shape)}{stop}, sized by the picker (ours)",
+        target, make, max_new_tokens, sampling,
+        f"draft tree, {len(shape)} nodes, depth {tree_depth(shape)}{stop}, sized by the picker (ours)",
         sized_tree_source(shape, confidence_threshold))
 
 

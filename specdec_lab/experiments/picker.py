@@ -39,7 +39,8 @@ from specdec_lab.decoders.trees import children, depths, level_order, parents_of
 from specdec_lab.decoders.backend import open_sequence, vocab_size as output_rows
 from specdec_lab.decoders.common import clock
 from specdec_lab.experiments import lineups
-from specdec_lab.method import CandidateSource, HybridSettings, TreeSettings, source_columns
+from specdec_lab.decoders.suffix import SuffixCandidates, SuffixTrie
+from specdec_lab.method import CandidateSource, HybridSettings, SuffixSettings, TreeSettings, source_columns
 from specdec_lab.result import DRAFT_MODEL, PROMPT_LOOKUP
 from specdec_lab.sampling import GREEDY
 
@@ -355,10 +356,17 @@ def size_tree(calibrations: Sequence[Calibration], costs: Costs, max_nodes: int,
 
 
 def tree_candidates(tree_shape: Sequence[tuple[int, int]] | None, prompt_lookup_k: int,
-                    lookup_tree: TreeSettings | None, adaptive_threshold: float = 0.4) -> list[Candidate]:
+                    lookup_tree: TreeSettings | None, adaptive_threshold: float = 0.4, suffix_k: int = 0,
+                    suffix: SuffixSettings = SuffixSettings()) -> list[Candidate]:
     """The token-tree sources the line-up runs: the picker's sized draft tree with the adaptive chain's
-    confidence stop, replayed exactly (`TeacherForcedTree`), and the prompt-lookup tree, replayed as it runs."""
+    confidence stop, replayed exactly (`TeacherForcedTree`), the prompt-lookup tree and our suffix-decoding
+    tree, replayed as they run (no model: the replay is their run; the suffix tree keeps the calibration
+    prompts' answers in order, as the line-up's keeps its prompts')."""
     listed = []
+    if suffix_k:
+        history = SuffixTrie(suffix.max_depth)
+        listed.append(Candidate(f"suffix tree ({suffix_k} nodes)", lineups.suffix_source(suffix_k, True, suffix),
+                                lambda f: SuffixCandidates(suffix_k, True, suffix, history)))
     if tree_shape:
         listed.append(Candidate(f"draft tree ({len(tree_shape)} nodes)",
                                 lineups.sized_tree_source(tree_shape, adaptive_threshold),

@@ -159,7 +159,8 @@ def pick(params: dict, target: models.LoadedModel, draft: models.LoadedModel, c:
               f"{[round(a, 3) for a in picker.rank_acceptance(calibrations)]}: {shape_label(shape)}")
     listed = [*picker.candidates(swept_k(params), params["k"], params["prompt_lookup_k"], c, settings,
                                  prefill_cost_ratio=prefill_ratio),
-              *picker.tree_candidates(shape, params["prompt_lookup_k"], lookup_tree(params))]
+              *picker.tree_candidates(shape, params["prompt_lookup_k"], lookup_tree(params),
+                                      suffix_k=params["suffix_k"], suffix=suffix_settings(params))]
     table = picker.per_category(picker.predict(calibrations, listed, costs))
     print(f"draft picker: {len(prompts)} calibration prompts, draft agreement (teacher-forced) {agreement:.3f}, "
           f"hybrid settings {settings}")
@@ -182,7 +183,8 @@ def same_prompt_check(params: dict, picked: Picked, target: models.LoadedModel, 
     listed = [*picker.candidates(swept_k(params), params["k"], params["prompt_lookup_k"],
                                  picked.costs.draft_cost_ratio, picked.hybrid_settings,
                                  prefill_cost_ratio=picked.costs.draft_prefill_ratio),
-              *picker.tree_candidates(picked.tree_shape, params["prompt_lookup_k"], lookup_tree(params))]
+              *picker.tree_candidates(picked.tree_shape, params["prompt_lookup_k"], lookup_tree(params),
+                                      suffix_k=params["suffix_k"], suffix=suffix_settings(params))]
     return picker.per_category(picker.predict(calibrations, listed, picked.costs))
 
 
@@ -192,8 +194,12 @@ def tree_max_depth(params: dict) -> int:
 
 
 def lookup_tree(params: dict) -> TreeSettings | None:
-    """The prompt-lookup tree: `tree_branches` matches merged within `tree_nodes` nodes (0: no trees)."""
-    return TreeSettings(params["tree_nodes"], params["tree_branches"]) if params["tree_nodes"] else None
+    """The prompt-lookup tree: `tree_branches` matches merged within `tree_nodes` nodes (either 0: none)."""
+    return TreeSettings(params["tree_nodes"], params["tree_branches"]) if params["tree_nodes"] and params["tree_branches"] else None
+
+
+def suffix_settings(params: dict) -> SuffixSettings:
+    return SuffixSettings(spec_factor=float(params["suffix_spec_factor"]))
 
 
 def trees(params: dict, picked: Picked | None) -> dict:
@@ -206,7 +212,7 @@ def trees(params: dict, picked: Picked | None) -> dict:
               f"it from {suffix.ARCTIC_PACKAGE}): its suffix-decoding rows are left out")
         peer = False
     return {"tree_shape": picked.tree_shape if picked else None, "lookup_tree": lookup_tree(params),
-            "suffix_k": params["suffix_k"], "suffix": SuffixSettings(spec_factor=float(params["suffix_spec_factor"])),
+            "suffix_k": params["suffix_k"], "suffix": suffix_settings(params),
             "suffix_path": params["suffix_path"], "suffix_peer": peer}
 
 

@@ -12,6 +12,8 @@ says what it approximates it with:
 - the draft model -> `draft_model` with k tokens (an adaptive schedule starts from k; vLLM keeps k fixed);
   a draft tree -> a chain as deep as the tree (vLLM's tree attention serves EAGLE-style heads, not a draft
   model);
+- suffix decoding -> `suffix` with the same tree depth, spec factor and probability floor (needs
+  arctic-inference beside vLLM); a suffix tree -> its most frequent path (vLLM's proposer drafts one path);
 - the hybrid -> the single source the picker predicted best for that kind;
 - a kind where no source is predicted to beat AR -> no speculation.
 """
@@ -69,6 +71,18 @@ def speculative_config(line, draft: str | None) -> tuple[dict | None, str | None
             notes.append(f"the adaptive draft length starts at k={source.k}; vLLM keeps it fixed")
         if source.tree is not None:
             notes.append("the draft tree becomes a chain as deep as the tree (vLLM's tree attention serves EAGLE heads)")
+        return config, "; ".join(notes) or None
+    if source.kind == "suffix":
+        settings = source.suffix
+        config = {"method": "suffix", "num_speculative_tokens": source.k,
+                  "suffix_decoding_max_tree_depth": settings.max_depth,
+                  "suffix_decoding_max_spec_factor": settings.spec_factor,
+                  "suffix_decoding_min_token_prob": settings.min_token_prob}
+        notes = []
+        if source.tree is not None:
+            notes.append("the suffix tree becomes its most frequent path (vLLM's suffix proposer drafts one path)")
+        if settings.spec_offset:
+            notes.append(f"spec_offset {settings.spec_offset} has no vLLM setting (vLLM: 0)")
         return config, "; ".join(notes) or None
     raise ValueError(f"no vLLM equivalent for a {source.kind!r} source: export the picker's best single source instead")
 
