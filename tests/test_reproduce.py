@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from specdec_lab import report
+from specdec_lab.decoders import suffix
 from specdec_lab.runs import bench, jsonl
 from specdec_lab.runs.paths import INTERACTIVE_NOTEBOOKS
 
@@ -110,13 +111,15 @@ def test_an_interrupted_reproduce_resumes_without_recomputing(tmp_path):
 
 @pytest.mark.integration
 def test_lossless_methods_reproduce_ar_greedy_exactly_in_fp32(smoke_reports):
-    """The fp32 control is asserted, not only displayed: every method declared lossless (ours and
-    transformers') reproduces AR greedy token for token, and so does Jacobi decoding of the base model."""
+    """The fp32 control is asserted, not only displayed: every method declared lossless (ours, transformers'
+    and arctic-inference's suffix tree where `make arctic` built it) reproduces AR greedy token for token, and so does Jacobi decoding of the base model."""
     results = smoke_reports.parent / "results"
     control = jsonl.read(results / "02_speculative" / "fp32_control.jsonl")
     reference = {r["prompt_id"]: r["tokens"] for r in control if r["role"] == "target AR"}
     lossless = [r for r in control if r["lossless"] and r["role"] != "target AR"]
-    assert {r["implementation"] for r in lossless} == {"ours", "transformers"} and len(reference) >= 1
+    peers = {"ours", "transformers"} | ({"arctic-inference"} if suffix.arctic_available() else set())
+    assert {r["implementation"] for r in lossless} == peers and len(reference) >= 1
+    assert "suffix" in {r["source_kind"] for r in lossless}  # suffix decoding is checked too
     assert [(r["decoder"], r["prompt_id"]) for r in lossless if r["tokens"] != reference[r["prompt_id"]]] == []
     held_out = jsonl.read(results / "04_cllm" / "held_out.jsonl")
     ar = {r["prompt_id"]: r["tokens"] for r in held_out if r["role"] == "target AR"}

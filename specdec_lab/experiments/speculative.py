@@ -17,6 +17,7 @@ from specdec_lab.experiments.speculative_tables import (Picked, Tables, by_categ
                                                         per_category, picked_vs_measured, suffix_vs_peer,
                                                         the_draft_model_pair, tree_vs_chain)
 from specdec_lab.experiments.speculative_words import headline
+from specdec_lab.decoders.suffix import SuffixCandidates, SuffixTrie
 from specdec_lab.method import HybridSettings, SuffixSettings, TreeSettings, shape_label
 from specdec_lab.metrics import Speedup
 from specdec_lab.runs import bench, jsonl
@@ -320,6 +321,45 @@ def markdown_trees(results_dir: str) -> str:
         {"tokens per forward, tree": ".2f", "tokens per forward, chain": ".2f"})
 
 
+SUFFIX_FACTORS = (1.0, 2.0, 4.0)  # vLLM's default spec factor, and more where a longer proposal is nearly free
+
+
+def suffix_replay(results_dir: str) -> pd.DataFrame:
+    """Suffix decoding replayed on the newest run's AR answers (no model runs: a model-free source's
+    acceptance on greedy text is exact): tokens per target forward per kind of text (mean over prompts) of
+    our tree at each of `SUFFIX_FACTORS` and of arctic-inference's tree at the run's own settings (where
+    `make arctic` built it), each keeping the answers of the prompts before, in the run's order. How the
+    CPU profiles' spec factor was chosen, and whether ours proposes what arctic's does:
+    `python -m specdec_lab.experiments.speculative results/cpu --suffix-replay`."""
+    rows = newest_complete_rows(results_dir)
+    config = rows.config.iloc[0]
+    ar_rows = rows[(rows.decoder == lineups.TARGET_AR) & (rows.repeat == 0)].set_index("prompt_id")
+    prompts = [p for p in prompts_of(config, config["num_prompts"]) if p.id in ar_rows.index]
+    tokenizer = models.load_tokenizer(config["target"])
+    k = config.get("suffix_k") or 16
+    records = []
+    for factor in SUFFIX_FACTORS:
+        settings, history = SuffixSettings(spec_factor=factor), SuffixTrie(24)
+        for prompt in prompts:
+            run = picker.replay(SuffixCandidates(k, True, settings, history), data.encode(tokenizer, prompt, chat=True),
+                                list(ar_rows.loc[prompt.id].tokens), config["max_new_tokens"])
+            records.append({"source": f"ours, factor {factor:g}", "category": prompt.category, "prompt_id": prompt.id,
+                            "tokens_per_target_forward": len(ar_rows.loc[prompt.id].tokens) / len(run.proposed)})
+    if suffix.arctic_available():
+        settings = suffix_settings({"suffix_spec_factor": config.get("suffix_spec_factor", 1.0)})
+        cache = suffix.arctic_cache(settings.max_depth)
+        for prompt in prompts:
+            run = picker.replay(suffix.ArcticSuffixCandidates(cache, k, True, settings),
+                                data.encode(tokenizer, prompt, chat=True), list(ar_rows.loc[prompt.id].tokens),
+                                config["max_new_tokens"])
+            records.append({"source": f"arctic-inference, factor {settings.spec_factor:g}", "category": prompt.category,
+                            "prompt_id": prompt.id,
+                            "tokens_per_target_forward": len(ar_rows.loc[prompt.id].tokens) / len(run.proposed)})
+    table = pd.DataFrame(records)
+    return table.pivot_table(index="source", columns="category", values="tokens_per_target_forward",
+                             aggfunc="mean", sort=False)
+
+
 def readme_columns(by_category: pd.DataFrame) -> pd.DataFrame:
     """`by_category` as the README shows it: the speedup with its interval in one column."""
     return pd.DataFrame({
@@ -332,6 +372,12 @@ def readme_columns(by_category: pd.DataFrame) -> pd.DataFrame:
 
 
 if __name__ == "__main__":
-    arguments = [argument for argument in sys.argv[1:] if argument != "--trees"]
+    arguments = [argument for argument in sys.argv[1:] if not argument.startswith("--")]
     folder = arguments[0] if arguments else "results/cpu"
-    print(markdown_trees(folder) if "--trees" in sys.argv[1:] else markdown_by_category(folder))
+    if "--trees" in sys.argv[1:]:
+        print(markdown_trees(folder))
+    elif "--suffix-replay" in sys.argv[1:]:
+        table = suffix_replay(folder)
+        print(words.markdown_table(table.reset_index(), {column: ".2f" for column in table.columns}))
+    else:
+        print(markdown_by_category(folder))
