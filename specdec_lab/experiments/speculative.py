@@ -328,8 +328,9 @@ def suffix_replay(results_dir: str) -> pd.DataFrame:
     """Suffix decoding replayed on the newest run's AR answers (no model runs: a model-free source's
     acceptance on greedy text is exact): tokens per target forward per kind of text (mean over prompts) of
     our tree at each of `SUFFIX_FACTORS` and of arctic-inference's tree at the run's own settings (where
-    `make arctic` built it), each keeping the answers of the prompts before, in the run's order. How the
-    CPU profiles' spec factor was chosen, and whether ours proposes what arctic's does:
+    `make arctic` built it), each keeping the answers of the prompts before, in the run's order, and ours
+    on the prompt alone. How the CPU profiles' spec factor was chosen, what the earlier answers add, and
+    whether ours proposes what arctic's does:
     `python -m specdec_lab.experiments.speculative results/cpu --suffix-replay`."""
     rows = newest_complete_rows(results_dir)
     config = rows.config.iloc[0]
@@ -338,12 +339,17 @@ def suffix_replay(results_dir: str) -> pd.DataFrame:
     tokenizer = models.load_tokenizer(config["target"])
     k = config.get("suffix_k") or 16
     records = []
-    for factor in SUFFIX_FACTORS:
+    factor_here = float(config.get("suffix_spec_factor", 1.0))
+    # (label, spec factor, whether the earlier answers are kept): the last row reads the prompt alone
+    variants = [*((f"ours, factor {factor:g}", factor, True) for factor in SUFFIX_FACTORS),
+                (f"ours, factor {factor_here:g}, the prompt only", factor_here, False)]
+    for label, factor, keeps_answers in variants:
         settings, history = SuffixSettings(spec_factor=factor), SuffixTrie(24)
         for prompt in prompts:
-            run = picker.replay(SuffixCandidates(k, True, settings, history), data.encode(tokenizer, prompt, chat=True),
-                                list(ar_rows.loc[prompt.id].tokens), config["max_new_tokens"])
-            records.append({"source": f"ours, factor {factor:g}", "category": prompt.category, "prompt_id": prompt.id,
+            source = SuffixCandidates(k, True, settings, history if keeps_answers else SuffixTrie(24))
+            run = picker.replay(source, data.encode(tokenizer, prompt, chat=True), list(ar_rows.loc[prompt.id].tokens),
+                                config["max_new_tokens"])
+            records.append({"source": label, "category": prompt.category, "prompt_id": prompt.id,
                             "tokens_per_target_forward": len(ar_rows.loc[prompt.id].tokens) / len(run.proposed)})
     if suffix.arctic_available():
         settings = suffix_settings({"suffix_spec_factor": config.get("suffix_spec_factor", 1.0)})
