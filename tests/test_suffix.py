@@ -152,6 +152,18 @@ def test_a_prompt_run_again_does_not_read_its_own_earlier_answer_and_another_pro
     assert len(history.sequences) == 2
 
 
+def test_the_requests_own_tree_holds_its_prompt_and_answer_as_one_text():
+    """A match that spans the prompt's end and the answer's start is found only in the request's own tree
+    (the history holds the answer alone): catches an answer never added to it, or added as another text."""
+    source = make_ours(True)
+    prompt = [1, 2, 3, 4, 5]
+    source.propose(prompt, 8, GREEDY, None)
+    source.update(prompt + [6, 7, 8, 4, 5], 3, 3)  # the answer so far: 6 7 8, then the prompt's end again
+    assert source.local.find([5, 6, 7]) is not None and source.history.find([5, 6, 7]) is None
+    proposal = source.propose(prompt + [6, 7, 8, 4, 5], 8, GREEDY, None)
+    assert proposal.token_ids == [6, 7]  # what followed "4 5" across the boundary, as long as the match
+
+
 @pytest.mark.parametrize("make, problem", [
     (lambda: SuffixSettings(max_depth=1), "max_depth must be an integer >= 2, got 1"),
     (lambda: SuffixSettings(min_token_prob=1.5), "min_token_prob must be in"),
