@@ -36,6 +36,7 @@ CLLM_JACOBI = "Jacobi on the CLLM"
 NEEDS_DRAFT = (DRAFT, DRAFT_TREE, HYBRID)
 GREEDY_ONLY = (LOOKAHEAD, JACOBI, CLLM_JACOBI)  # Jacobi and lookahead decoding are greedy
 HYBRID_COST_RATIO = 0.3  # the draft's step over the target's, assumed (02 measures it)
+SUFFIX_SPEC_FACTOR = 4.0  # suffix decoding's proposal limit over its match length: the CPU profiles' (02 replays it)
 
 
 @dataclass(frozen=True)
@@ -170,11 +171,11 @@ class Explorer:
                                       sampling)
         if name == LOOKUP:
             return lineups.prompt_lookup(target, k, new, sampling)
-        if name == SUFFIX:  # the CPU profiles' rules; its tree of earlier answers grows with every run
+        if name == SUFFIX:  # its tree of earlier answers grows with every run
             key = (settings.tree_nodes, new, settings.temperature, settings.seed)
             if key not in self._suffix_methods:
                 self._suffix_methods[key] = lineups.suffix_decoding(target, settings.tree_nodes, True,
-                                                                    SuffixSettings(spec_factor=4.0), new, sampling)
+                                                                    SuffixSettings(spec_factor=SUFFIX_SPEC_FACTOR), new, sampling)
             return self._suffix_methods[key]
         if name == HYBRID:
             return lineups.hybrid(target, draft, k, 2 * k, new, HYBRID_COST_RATIO, sampling)

@@ -14,8 +14,8 @@ end of the sequence is matched in them, and what followed the match is proposed,
 
 Two implementations sit behind the same candidate interface:
 - `SuffixCandidates`, ours, in Python: as arctic-inference's rules, except that a tree proposal merges
-  the request's and the earlier answers' proposals into one trie (the k most probable nodes of the
-  two) where arctic-inference keeps the one of higher score;
+  the request's and the earlier answers' proposals into one trie (the one of higher score whole, then the
+  other's most probable nodes within k) where arctic-inference keeps the one of higher score only;
 - `ArcticSuffixCandidates`, arctic-inference's C++ suffix tree (`make arctic` builds only that part of
   the package), the peer the issue names.
 
@@ -144,7 +144,7 @@ class SuffixTrie:
         """The most frequent continuation, token by token, while its probability stays >= min_token_prob."""
         found, probability = Speculation(), 1.0
         while len(found.token_ids) < budget and node.children:
-            token, child = most_frequent_first(node)[0]
+            token, child = max(node.children.items(), key=lambda item: item[1].count)  # ties: the first seen
             probability *= child.count / node.count
             if probability < min_token_prob:
                 break

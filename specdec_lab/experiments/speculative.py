@@ -338,29 +338,23 @@ def suffix_replay(results_dir: str) -> pd.DataFrame:
     prompts = [p for p in prompts_of(config, config["num_prompts"]) if p.id in ar_rows.index]
     tokenizer = models.load_tokenizer(config["target"])
     k = config.get("suffix_k") or 16
-    records = []
-    factor_here = float(config.get("suffix_spec_factor", 1.0))
-    # (label, spec factor, whether the earlier answers are kept): the last row reads the prompt alone
-    variants = [*((f"ours, factor {factor:g}", factor, True) for factor in SUFFIX_FACTORS),
-                (f"ours, factor {factor_here:g}, the prompt only", factor_here, False)]
-    for label, factor, keeps_answers in variants:
-        settings, history = SuffixSettings(spec_factor=factor), SuffixTrie(24)
-        for prompt in prompts:
-            source = SuffixCandidates(k, True, settings, history if keeps_answers else SuffixTrie(24))
-            run = picker.replay(source, data.encode(tokenizer, prompt, chat=True), list(ar_rows.loc[prompt.id].tokens),
-                                config["max_new_tokens"])
-            records.append({"source": label, "category": prompt.category, "prompt_id": prompt.id,
-                            "tokens_per_target_forward": len(ar_rows.loc[prompt.id].tokens) / len(run.proposed)})
+    here = SuffixSettings(spec_factor=float(config.get("suffix_spec_factor", 1.0)))
+    # (label, a fresh source for one prompt); those that keep earlier answers share one history
+    histories = {factor: SuffixTrie(here.max_depth) for factor in SUFFIX_FACTORS}
+    sources = [*((f"ours, factor {factor:g}", lambda factor=factor: SuffixCandidates(
+                    k, True, SuffixSettings(spec_factor=factor), histories[factor])) for factor in SUFFIX_FACTORS),
+               (f"ours, factor {here.spec_factor:g}, the prompt only", lambda: SuffixCandidates(k, True, here))]
     if suffix.arctic_available():
-        settings = suffix_settings({"suffix_spec_factor": config.get("suffix_spec_factor", 1.0)})
-        cache = suffix.arctic_cache(settings.max_depth)
+        cache = suffix.arctic_cache(here.max_depth)
+        sources.append((f"arctic-inference, factor {here.spec_factor:g}",
+                        lambda: suffix.ArcticSuffixCandidates(cache, k, True, here)))
+    records = []
+    for label, make in sources:
         for prompt in prompts:
-            run = picker.replay(suffix.ArcticSuffixCandidates(cache, k, True, settings),
-                                data.encode(tokenizer, prompt, chat=True), list(ar_rows.loc[prompt.id].tokens),
-                                config["max_new_tokens"])
-            records.append({"source": f"arctic-inference, factor {settings.spec_factor:g}", "category": prompt.category,
-                            "prompt_id": prompt.id,
-                            "tokens_per_target_forward": len(ar_rows.loc[prompt.id].tokens) / len(run.proposed)})
+            answer = list(ar_rows.loc[prompt.id].tokens)
+            run = picker.replay(make(), data.encode(tokenizer, prompt, chat=True), answer, config["max_new_tokens"])
+            records.append({"source": label, "category": prompt.category, "prompt_id": prompt.id,
+                            "tokens_per_target_forward": len(answer) / len(run.proposed)})
     table = pd.DataFrame(records)
     return table.pivot_table(index="source", columns="category", values="tokens_per_target_forward",
                              aggfunc="mean", sort=False)
