@@ -56,6 +56,23 @@ def best_k_from_costs(alpha: float, target_ms: Mapping[int, float], draft_ms_per
     return best, predicted[best]
 
 
+def nodes_worth_verifying(probabilities: Sequence[float], relative_target: Mapping[int, float]) -> int:
+    """How many of a proposal's nodes to verify, taken in their order (most probable first, so that any
+    prefix is a tree), node i accepted with `probabilities[i]` (its path's product): the count n with the
+    most expected tokens per unit of cost, (1 + the first n probabilities) / (T(n + 1) / T(1)), the target's
+    own token counted. 0: a plain step (1 token for T(1)) is worth more than any prefix. Where T(n) is flat
+    (bf16 with AMX) every node is nearly free; where it is steep (AVX2 only: T(16) = 6 T(1)) only the
+    likely ones pay for the tokens they add."""
+    step = cost_at(relative_target, 1)
+    best_n, best_value, expected = 0, 1.0, 1.0
+    for n, probability in enumerate(probabilities, start=1):
+        expected += probability
+        value = expected * step / cost_at(relative_target, n + 1)
+        if value > best_value:
+            best_n, best_value = n, value
+    return best_n
+
+
 def acceptance_alpha(accepted_per_step: Sequence[Sequence[int]], proposed_per_step: Sequence[Sequence[int]]) -> float:
     """Per-token acceptance probability alpha (Leviathan's i.i.d. model) from the counts actually
     proposed, one sequence of steps per generation: accepted tokens / (accepted tokens +

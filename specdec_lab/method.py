@@ -79,12 +79,14 @@ class LookaheadConfig:
 class SuffixSettings:
     """Suffix decoding's rules (`decoders.suffix`; vLLM's defaults): suffix trees `max_depth` tokens deep;
     a proposal of at most `spec_factor` * match length + `spec_offset` tokens, each at least
-    `min_token_prob` probable."""
+    `min_token_prob` probable; `cost_sized`: then cut to the nodes worth verifying at the target's
+    measured T(n) (`cost_model.nodes_worth_verifying`; vLLM has no such rule)."""
 
     max_depth: int = 24
     spec_factor: float = 1.0
     spec_offset: float = 0.0
     min_token_prob: float = 0.1
+    cost_sized: bool = False
 
     def __post_init__(self):
         if isinstance(self.max_depth, bool) or not isinstance(self.max_depth, int) or self.max_depth < 2:

@@ -11,6 +11,7 @@ import pytest
 
 from tiny import PROMPT, tiny_llama
 from specdec_lab.decoders import autoregressive, speculative
+from specdec_lab.cost_model import nodes_worth_verifying
 from specdec_lab.decoders.suffix import (ArcticSuffixCandidates, SuffixCandidates, SuffixTrie, Speculation,
                                          arctic_available, arctic_cache, merged)
 from specdec_lab.decoders.trees import tree_problem
@@ -164,7 +165,60 @@ def test_the_requests_own_tree_holds_its_prompt_and_answer_as_one_text():
     assert proposal.token_ids == [6, 7]  # what followed "4 5" across the boundary, as long as the match
 
 
+def test_the_nodes_worth_verifying_maximise_expected_tokens_per_unit_of_the_forwards_cost():
+    """(1 + the kept nodes' probabilities) / (T(n + 1) / T(1)): the target's own token counted, the forward
+    over the last token and n nodes costed. Catches the bonus token left out and T(n) read one off."""
+    steep_after_two = {1: 1.0, 2: 1.0, 3: 3.0}  # a second node makes the forward 3x a step
+    assert nodes_worth_verifying([0.9, 0.8], steep_after_two) == 1  # 1.9 / 1.0 against 2.7 / 3.0
+    assert nodes_worth_verifying([0.9, 0.8, 0.5], {1: 1.0, 16: 1.0}) == 3  # flat: every node is free
+    assert nodes_worth_verifying([0.3], {1: 1.0, 2: 2.0}) == 0  # 1.3 tokens for 2 steps: a plain step is better
+    assert nodes_worth_verifying([], {1: 1.0, 2: 1.1}) == 0
+    # T(n) in milliseconds or relative to T(1): the same choice
+    assert nodes_worth_verifying([0.9, 0.8], {n: 40.0 * t for n, t in steep_after_two.items()}) == 1
+
+
+def cost_sized(relative_target, make=None):
+    settings = SuffixSettings(max_depth=8, cost_sized=True)
+    return (make or SuffixCandidates)(k=8, tree=True, settings=settings, relative_target=relative_target)
+
+
+@pytest.mark.parametrize("implementation", ["ours", pytest.param("arctic", marks=needs_arctic)])
+def test_cost_sized_suffix_proposals_keep_their_most_probable_nodes_and_nothing_where_no_node_pays(implementation):
+    def make(**kwargs):
+        if implementation == "ours":
+            return SuffixCandidates(**kwargs)
+        return ArcticSuffixCandidates(arctic_cache(8), **kwargs)
+
+    text = [1, 2, 3, 4, 1, 2, 3, 5, 1, 2, 3, 4, 1, 2]  # "1 2" was followed by 3 every time; "2 3" by 4, 5, 4
+    unsized = make(k=8, tree=True, settings=SuffixSettings(max_depth=8)).propose(text, 8, GREEDY, None)
+    flat = cost_sized({1: 1.0, 32: 1.0}, make).propose(text, 8, GREEDY, None)
+    assert flat.token_ids == unsized.token_ids and flat.parents == unsized.parents and len(flat.token_ids) >= 3
+    one = cost_sized({1: 1.0, 2: 1.0, 3: 4.0}, make).propose(text, 8, GREEDY, None)  # one node is free, two cost 4x
+    assert one.token_ids == [3] and one.parents == [-1]  # "3" followed "1 2" every time: the most probable node
+    steep = {1: 1.0, 2: 2.5, 3: 4.0, 5: 7.0, 9: 15.0}  # every node costs more than a step: none pays
+    assert cost_sized(steep, make).propose(text, 8, GREEDY, None).token_ids == []
+
+
+def test_a_cost_sized_merge_is_no_larger_than_the_larger_sized_proposal():
+    """The request's tree proposes 3 after "1 2", the earlier answers 9: one node is worth verifying, so
+    the merged tree holds one, not one of each (catches the merge left at the unsized budget)."""
+    history = SuffixTrie(8)
+    history.extend("earlier", [1, 2, 9, 1, 2, 9, 1, 2, 9])
+    source = SuffixCandidates(k=8, tree=True, settings=SuffixSettings(max_depth=8, cost_sized=True), history=history,
+                              relative_target={1: 1.0, 2: 1.0, 3: 4.0})
+    proposal = source.propose([1, 2, 3, 7, 1, 2], 8, GREEDY, None)
+    assert len(proposal.token_ids) == 1 and proposal.token_ids[0] in (3, 9)
+
+
+def test_cost_sized_suffix_decoding_equals_ar():
+    model = tiny_llama(0, **SMALL)
+    result = speculative.generate(model, cost_sized({1: 1.0, 2: 1.05, 4: 1.3, 9: 3.0}), PROMPT, 60, GREEDY, stop_ids=[])
+    assert result.tokens == ar(model)
+    assert max(result.proposed_per_step) <= 7  # 8 nodes would cost 3x a step; never worth it here
+
+
 @pytest.mark.parametrize("make, problem", [
+    (lambda: SuffixCandidates(settings=SuffixSettings(cost_sized=True)), "needs the target's measured T"),
     (lambda: SuffixSettings(max_depth=1), "max_depth must be an integer >= 2, got 1"),
     (lambda: SuffixSettings(min_token_prob=1.5), "min_token_prob must be in"),
     (lambda: SuffixCandidates(k=0), "k .* must be an integer >= 1, got 0"),

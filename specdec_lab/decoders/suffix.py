@@ -10,7 +10,10 @@ end of the sequence is matched in them, and what followed the match is proposed,
 - every match length is tried, and the proposal with the highest score (the sum of its tokens'
   probabilities: the expected number accepted) wins;
 - `tree=True` proposes the k most probable continuation nodes as a token tree (verified in one forward,
-  `decoders.trees`); `tree=False`, the single most frequent path.
+  `decoders.trees`); `tree=False`, the single most frequent path;
+- `cost_sized` (our rule; vLLM has none): the proposal is then cut to the nodes worth verifying at the
+  target's measured cost curve, T(n) / T(1) (`cost_model.nodes_worth_verifying`), on the nodes'
+  probabilities; none at all where a plain step is worth more.
 
 Two implementations sit behind the same candidate interface:
 - `SuffixCandidates`, ours, in Python: as arctic-inference's rules, except that a tree proposal merges
@@ -32,6 +35,7 @@ import importlib.util
 import itertools
 from dataclasses import dataclass, field
 
+from specdec_lab.cost_model import nodes_worth_verifying
 from specdec_lab.decoders.candidates import Candidates
 from specdec_lab.method import SuffixSettings
 from specdec_lab.result import SUFFIX
@@ -66,6 +70,25 @@ class Speculation:
     def score(self) -> float:
         """The expected number of accepted tokens."""
         return sum(self.probs)
+
+
+def sized(speculation: Speculation, relative_target) -> Speculation:
+    """The proposal's first nodes worth verifying at the target's T(n) / T(1) (its nodes come most
+    probable first, so the kept ones are a tree)."""
+    n = nodes_worth_verifying(speculation.probs, relative_target)
+    return Speculation(speculation.token_ids[:n], speculation.parents[:n], speculation.probs[:n],
+                       speculation.match_length)
+
+
+def verify_cost_for(settings: SuffixSettings, relative_target):
+    """The cost curve a source sizes its proposals by: `relative_target` where the settings ask for it (and
+    then it must be given), None otherwise."""
+    if not settings.cost_sized:
+        return None
+    if relative_target is None or not len(relative_target):
+        raise ValueError("cost-sized suffix decoding needs the target's measured T(n) / T(1) (relative_target, the "
+                         "draft picker's cost curve): pass it, or build the settings with cost_sized=False")
+    return relative_target
 
 
 class SuffixTrie:
@@ -184,10 +207,11 @@ class SuffixCandidates:
     origin = SUFFIX
 
     def __init__(self, k: int = 16, tree: bool = True, settings: SuffixSettings = SuffixSettings(),
-                 history: SuffixTrie | None = None):
+                 history: SuffixTrie | None = None, relative_target=None):
         if isinstance(k, bool) or not isinstance(k, int) or k < 1:
             raise ValueError(f"suffix decoding's k (tokens proposed a step) must be an integer >= 1, got {k!r}")
         self.k, self.tree, self.settings = k, tree, settings
+        self.verify_cost = verify_cost_for(settings, relative_target)  # T(n) / T(1), where proposals are cost-sized
         # the answers this method gave earlier in the process, one per prompt
         self.history = history if history is not None else SuffixTrie(settings.max_depth)
         if self.history.max_depth != settings.max_depth:
@@ -215,6 +239,9 @@ class SuffixCandidates:
                      min_token_prob=self.settings.min_token_prob, tree=self.tree)
         own = self.local.speculate(context, **rules)
         earlier = self.history.speculate(context, **rules)
+        if self.verify_cost is not None:
+            own, earlier = sized(own, self.verify_cost), sized(earlier, self.verify_cost)
+            budget = max(len(own.token_ids), len(earlier.token_ids))  # the merged tree: no larger than either's worth
         if not self.tree:
             best = own if own.score >= earlier.score else earlier
             return Candidates(best.token_ids)
@@ -282,10 +309,12 @@ class ArcticSuffixCandidates:
 
     origin = SUFFIX
 
-    def __init__(self, cache, k: int = 16, tree: bool = True, settings: SuffixSettings = SuffixSettings()):
+    def __init__(self, cache, k: int = 16, tree: bool = True, settings: SuffixSettings = SuffixSettings(),
+                 relative_target=None):
         if cache.max_tree_depth != settings.max_depth:
             raise ValueError(f"the arctic cache is {cache.max_tree_depth} deep, the settings say {settings.max_depth}")
         self.cache, self.k, self.tree, self.settings = cache, k, tree, settings
+        self.verify_cost = verify_cost_for(settings, relative_target)  # our sizing rule over its proposal, as over ours
         self.reset()
 
     def reset(self, vocab_size: int | None = None) -> None:
@@ -307,7 +336,10 @@ class ArcticSuffixCandidates:
                                      max_spec_factor=self.settings.spec_factor,
                                      max_spec_offset=self.settings.spec_offset,
                                      min_token_prob=self.settings.min_token_prob, use_tree_spec=self.tree)
-        return Candidates(list(draft.token_ids), None, list(draft.parents) if self.tree else None)
+        found = Speculation(list(draft.token_ids), list(draft.parents), list(draft.probs))
+        if self.verify_cost is not None:
+            found = sized(found, self.verify_cost)
+        return Candidates(found.token_ids, None, found.parents if self.tree else None)
 
     def update(self, tokens, num_accepted, num_proposed) -> None:
         new = list(tokens[self.read:])

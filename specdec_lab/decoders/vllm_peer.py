@@ -48,18 +48,22 @@ class VllmError(RuntimeError):
 
 
 class VllmPeer:
-    """One model loaded in a vLLM worker process, with or without a `speculative_config`."""
+    """One model loaded in a vLLM worker process, with or without a `speculative_config`, its weights in `dtype`
+    ("bfloat16", or "float32": the same weights widened, where texts must match another engine's exactly)."""
 
-    def __init__(self, model: str | Path, speculative_config: dict | None = None, max_model_len: int = 2048):
+    def __init__(self, model: str | Path, speculative_config: dict | None = None, max_model_len: int = 2048,
+                 dtype: str = "bfloat16"):
         check_available()
-        self.model, self.speculative_config = str(model), speculative_config
+        if dtype not in ("bfloat16", "float32"):
+            raise ValueError(f"the vLLM peer runs dtype 'bfloat16' or 'float32', got {dtype!r}")
+        self.model, self.speculative_config, self.dtype = str(model), speculative_config, dtype
         self.log = tempfile.NamedTemporaryFile("w+", prefix="vllm-worker-", suffix=".log", delete=False)
         # 2 GiB of KV cache (vLLM's CPU default, 4, leaves less room beside the kit's own models)
         environment = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": os.environ.get("VLLM_CPU_KVCACHE_SPACE", "2")}
         self.process = subprocess.Popen([str(python()), str(WORKER)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                         stderr=self.log, text=True, env=environment, cwd=tempfile.gettempdir())
         loaded = self._ask({"op": "load", "model": self.model, "speculative_config": speculative_config,
-                            "max_model_len": max_model_len})
+                            "max_model_len": max_model_len, "dtype": dtype})
         self.version, self.load_s = loaded["vllm"], loaded["load_s"]
 
     def _ask(self, request: dict) -> dict:

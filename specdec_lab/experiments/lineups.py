@@ -17,7 +17,8 @@ from specdec_lab.decoders import (autoregressive, batched, draft_then_score, hf_
 from specdec_lab.decoders.backend import engine as engine_of, stop_token_ids
 from specdec_lab.decoders.candidates import (CandidateGenerator, DraftModelCandidates, DraftTreeCandidates,
                                             HybridCandidates, PromptLookupCandidates, PromptLookupTreeCandidates)
-from specdec_lab.decoders.suffix import ArcticSuffixCandidates, SuffixCandidates, SuffixTrie, arctic_cache
+from specdec_lab.decoders.suffix import (ArcticSuffixCandidates, SuffixCandidates, SuffixTrie, arctic_cache,
+                                        verify_cost_for)
 from specdec_lab.decoders.trees import depths
 from specdec_lab.method import (SCHEDULES, CandidateSource, HybridSettings, LookaheadConfig, Method, SuffixSettings,
                                 TreeSettings, Weights, shape_label)
@@ -177,20 +178,23 @@ def prompt_lookup_tree_source(k: int, tree: TreeSettings) -> CandidateSource:
 
 
 def suffix_decoding(target: LoadedModel, k: int, tree: bool, settings: SuffixSettings, max_new_tokens: int,
-                    sampling: Sampling = GREEDY, implementation: str = "ours") -> Method:
+                    sampling: Sampling = GREEDY, implementation: str = "ours", relative_target=None) -> Method:
     """Suffix decoding (`decoders.suffix`): ours, or arctic-inference's suffix tree behind the same
-    verifier. The method owns the tree of its earlier answers, which every call reads and extends."""
+    verifier. The method owns the tree of its earlier answers, which every call reads and extends.
+    `relative_target`: the target's T(n) / T(1), which cost-sized settings cut each proposal by."""
     if implementation == "ours":
         history = SuffixTrie(settings.max_depth)
         def make():
-            return SuffixCandidates(k, tree, settings, history)
+            return SuffixCandidates(k, tree, settings, history, relative_target)
     elif implementation == "arctic-inference":
         cache = arctic_cache(settings.max_depth)
         def make():
-            return ArcticSuffixCandidates(cache, k, tree, settings)
+            return ArcticSuffixCandidates(cache, k, tree, settings, relative_target)
     else:
         raise ValueError(f"suffix decoding is implemented by 'ours' or 'arctic-inference', not {implementation!r}")
+    verify_cost_for(settings, relative_target)  # a missing cost curve fails here, before any prompt runs
     shape = f"tree <= {k} nodes" if tree else f"path <= {k} tokens"
+    shape += ", cut by T(n)" if settings.cost_sized else ""
     return with_candidates(target, make, max_new_tokens, sampling, f"suffix decoding, {shape} ({implementation})",
                            suffix_source(k, tree, settings, implementation))
 
@@ -310,7 +314,7 @@ def speculative_methods(target: LoadedModel, draft: LoadedModel, k: int, max_new
                         tree_shape: Sequence[tuple[int, int]] | None = None,
                         lookup_tree: TreeSettings | None = None, suffix_k: int = 0,
                         suffix: SuffixSettings = SuffixSettings(), suffix_path: bool = True,
-                        suffix_peer: bool = False) -> list[Method]:
+                        suffix_peer: bool = False, suffix_relative_target=None) -> list[Method]:
     """AR baseline; our speculative decoder and transformers' assisted generation configured alike,
     for each of `schedules` (k constant; the heuristic schedule from the same k with the same
     confidence stop); prompt lookup, each named by its own n-gram rule; optionally transformers'
@@ -318,7 +322,8 @@ def speculative_methods(target: LoadedModel, draft: LoadedModel, k: int, max_new
     assisted generation with a draft of another tokenizer, (given the draft's cost ratio) our
     hybrid candidate source, token trees: the draft filling `tree_shape` (the picker's) and
     prompt lookup merging matches into `lookup_tree`, and (`suffix_k` > 0) suffix decoding as a tree and
-    (`suffix_path`) as a path, with (`suffix_peer`) arctic-inference's suffix tree beside ours."""
+    (`suffix_path`) as a path, with (`suffix_peer`) arctic-inference's suffix tree beside ours (cost-sized
+    settings cut every one's proposals by `suffix_relative_target`, the target's T(n) / T(1))."""
     unknown = [schedule for schedule in schedules if schedule not in SCHEDULES]
     if unknown or not schedules:
         raise ValueError(f"schedules must be a non-empty list of {list(SCHEDULES)}, got {list(schedules)}")
@@ -353,10 +358,12 @@ def speculative_methods(target: LoadedModel, draft: LoadedModel, k: int, max_new
     if lookup_tree is not None:
         methods.append(prompt_lookup_tree(target, prompt_lookup_k, lookup_tree, max_new_tokens, sampling))
     if suffix_k:
-        methods += [suffix_decoding(target, suffix_k, tree, suffix, max_new_tokens, sampling)
+        methods += [suffix_decoding(target, suffix_k, tree, suffix, max_new_tokens, sampling,
+                                    relative_target=suffix_relative_target)
                     for tree in ((True, False) if suffix_path else (True,))]
         if suffix_peer:
-            methods.append(suffix_decoding(target, suffix_k, True, suffix, max_new_tokens, sampling, "arctic-inference"))
+            methods.append(suffix_decoding(target, suffix_k, True, suffix, max_new_tokens, sampling, "arctic-inference",
+                                           suffix_relative_target))
     if transformers_defaults:
         methods.append(peer("assisted k=20 constant, stop below p=0.4 (transformers defaults)",
                             draft_source(20, "constant", 0.4, "transformers"),

@@ -357,16 +357,17 @@ def size_tree(calibrations: Sequence[Calibration], costs: Costs, max_nodes: int,
 
 def tree_candidates(tree_shape: Sequence[tuple[int, int]] | None, prompt_lookup_k: int,
                     lookup_tree: TreeSettings | None, adaptive_threshold: float = 0.4, suffix_k: int = 0,
-                    suffix: SuffixSettings = SuffixSettings()) -> list[Candidate]:
+                    suffix: SuffixSettings = SuffixSettings(), suffix_relative_target=None) -> list[Candidate]:
     """The token-tree sources the line-up runs: the picker's sized draft tree with the adaptive chain's
     confidence stop, replayed exactly (`TeacherForcedTree`), the prompt-lookup tree and our suffix-decoding
     tree, replayed as they run (no model: the replay is their run; the suffix tree keeps the calibration
-    prompts' answers in order, as the line-up's keeps its prompts')."""
+    prompts' answers in order, as the line-up's keeps its prompts'; cost-sized settings cut its proposals by
+    `suffix_relative_target`, the target's T(n) / T(1), as the line-up's)."""
     listed = []
     if suffix_k:
         history = SuffixTrie(suffix.max_depth)
         listed.append(Candidate(f"suffix tree ({suffix_k} nodes)", lineups.suffix_source(suffix_k, True, suffix),
-                                lambda f: SuffixCandidates(suffix_k, True, suffix, history)))
+                                lambda f: SuffixCandidates(suffix_k, True, suffix, history, suffix_relative_target)))
     if tree_shape:
         listed.append(Candidate(f"draft tree ({len(tree_shape)} nodes)",
                                 lineups.sized_tree_source(tree_shape, adaptive_threshold),

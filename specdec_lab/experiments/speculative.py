@@ -10,7 +10,7 @@ from dataclasses import asdict, replace
 
 import pandas as pd
 
-from specdec_lab import data, hardware, metrics, models, token_view, words
+from specdec_lab import cost_model, data, hardware, metrics, models, token_view, words
 from specdec_lab.decoders import suffix
 from specdec_lab.experiments import common, lineups, picker
 from specdec_lab.experiments.speculative_tables import (Picked, Tables, by_category, constant_k_of, focus_category,
@@ -161,7 +161,8 @@ def pick(params: dict, target: models.LoadedModel, draft: models.LoadedModel, c:
     listed = [*picker.candidates(swept_k(params), params["k"], params["prompt_lookup_k"], c, settings,
                                  prefill_cost_ratio=prefill_ratio),
               *picker.tree_candidates(shape, params["prompt_lookup_k"], lookup_tree(params),
-                                      suffix_k=params["suffix_k"], suffix=suffix_settings(params))]
+                                      suffix_k=params["suffix_k"], suffix=suffix_settings(params),
+                                      suffix_relative_target=costs.relative_target)]
     table = picker.per_category(picker.predict(calibrations, listed, costs))
     print(f"draft picker: {len(prompts)} calibration prompts, draft agreement (teacher-forced) {agreement:.3f}, "
           f"hybrid settings {settings}")
@@ -185,7 +186,8 @@ def same_prompt_check(params: dict, picked: Picked, target: models.LoadedModel, 
                                  picked.costs.draft_cost_ratio, picked.hybrid_settings,
                                  prefill_cost_ratio=picked.costs.draft_prefill_ratio),
               *picker.tree_candidates(picked.tree_shape, params["prompt_lookup_k"], lookup_tree(params),
-                                      suffix_k=params["suffix_k"], suffix=suffix_settings(params))]
+                                      suffix_k=params["suffix_k"], suffix=suffix_settings(params),
+                                      suffix_relative_target=picked.costs.relative_target)]
     return picker.per_category(picker.predict(calibrations, listed, picked.costs))
 
 
@@ -200,13 +202,14 @@ def lookup_tree(params: dict) -> TreeSettings | None:
 
 
 def suffix_settings(params: dict) -> SuffixSettings:
-    return SuffixSettings(spec_factor=float(params["suffix_spec_factor"]))
+    return SuffixSettings(spec_factor=float(params["suffix_spec_factor"]), cost_sized=params["suffix_cost_sized"])
 
 
 def trees(params: dict, picked: Picked | None) -> dict:
     """The line-up's token trees: the picker's draft tree, the prompt-lookup tree, and suffix decoding's
     (`suffix_k` nodes a step, 0: none; at most `suffix_spec_factor` x the match length), with its path
-    (`suffix_path`) and arctic-inference's tree beside ours (`suffix_peer`) where `make arctic` has built it."""
+    (`suffix_path`) and arctic-inference's tree beside ours (`suffix_peer`) where `make arctic` has built it;
+    with `suffix_cost_sized`, every suffix proposal is cut to the nodes worth verifying at the picker's T(n)."""
     peer = bool(params["suffix_peer"] and params["suffix_k"])
     if peer and not suffix.arctic_available():
         print(f"arctic-inference's suffix tree is not built here (`make arctic`, which `make reproduce` runs, builds "
@@ -214,7 +217,8 @@ def trees(params: dict, picked: Picked | None) -> dict:
         peer = False
     return {"tree_shape": picked.tree_shape if picked else None, "lookup_tree": lookup_tree(params),
             "suffix_k": params["suffix_k"], "suffix": suffix_settings(params),
-            "suffix_path": params["suffix_path"], "suffix_peer": peer}
+            "suffix_path": params["suffix_path"], "suffix_peer": peer,
+            "suffix_relative_target": picked.costs.relative_target if picked else None}
 
 
 def tree_config(picked: Picked | None) -> dict:
@@ -326,38 +330,57 @@ SUFFIX_FACTORS = (1.0, 2.0, 4.0)  # vLLM's default spec factor, and more where a
 
 def suffix_replay(results_dir: str) -> pd.DataFrame:
     """Suffix decoding replayed on the newest run's AR answers (no model runs: a model-free source's
-    acceptance on greedy text is exact): tokens per target forward per kind of text (mean over prompts) of
-    our tree at each of `SUFFIX_FACTORS` and of arctic-inference's tree at the run's own settings (where
-    `make arctic` built it), each keeping the answers of the prompts before, in the run's order, and ours
-    on the prompt alone. How the CPU profiles' spec factor was chosen, what the earlier answers add, and
-    whether ours proposes what arctic's does:
-    `python -m specdec_lab.experiments.speculative results/cpu --suffix-replay`."""
+    acceptance on greedy text is exact), one row per (source, prompt): tokens per target forward, and the
+    decode speedup over AR that the run's measured T(n) predicts (the answer's tokens over the replayed
+    steps' forward costs, T(proposed + 1) / T(1) each; prefill and proposing left out). The sources: our
+    tree at each of `SUFFIX_FACTORS`; ours and arctic-inference's tree (where `make arctic` built it) at the
+    run's own settings, uncut and cut to the nodes worth verifying at that T(n); ours on the prompt alone.
+    Each keeps the answers of the prompts before, in the run's order. How the CPU profiles' spec factor was
+    chosen, what the earlier answers add, what the cut by T(n) gives and whether ours proposes what arctic's
+    does: `python -m specdec_lab.experiments.speculative results/cpu --suffix-replay`."""
     rows = newest_complete_rows(results_dir)
     config = rows.config.iloc[0]
     ar_rows = rows[(rows.decoder == lineups.TARGET_AR) & (rows.repeat == 0)].set_index("prompt_id")
     prompts = [p for p in prompts_of(config, config["num_prompts"]) if p.id in ar_rows.index]
     tokenizer = models.load_tokenizer(config["target"])
     k = config.get("suffix_k") or 16
-    here = SuffixSettings(spec_factor=float(config.get("suffix_spec_factor", 1.0)))
-    # (label, a fresh source for one prompt); those that keep earlier answers share one history
-    histories = {factor: SuffixTrie(here.max_depth) for factor in SUFFIX_FACTORS}
-    sources = [*((f"ours, factor {factor:g}", lambda factor=factor: SuffixCandidates(
-                    k, True, SuffixSettings(spec_factor=factor), histories[factor])) for factor in SUFFIX_FACTORS),
-               (f"ours, factor {here.spec_factor:g}, the prompt only", lambda: SuffixCandidates(k, True, here))]
+    uncut = SuffixSettings(spec_factor=float(config.get("suffix_spec_factor", 1.0)))
+    cut = replace(uncut, cost_sized=True)
+    picked = Picked.from_json(json.loads(common.results_file(config, NOTEBOOK, "picker.json").read_text()))
+    curve = picked.costs.relative_target  # the run's T(n) / T(1), measured by its picker
+
+    def ours(settings: SuffixSettings, history: SuffixTrie | None = None):
+        return lambda: SuffixCandidates(k, True, settings, history, curve)
+
+    # (label, a fresh source for one prompt); those that keep earlier answers share one history each
+    sources = [*((f"ours, factor {factor:g}", ours(replace(uncut, spec_factor=factor), SuffixTrie(uncut.max_depth)))
+                 for factor in SUFFIX_FACTORS),
+               (f"ours, factor {uncut.spec_factor:g}, cut by T(n)", ours(cut, SuffixTrie(uncut.max_depth))),
+               (f"ours, factor {uncut.spec_factor:g}, the prompt only", ours(uncut))]
     if suffix.arctic_available():
-        cache = suffix.arctic_cache(here.max_depth)
-        sources.append((f"arctic-inference, factor {here.spec_factor:g}",
-                        lambda: suffix.ArcticSuffixCandidates(cache, k, True, here)))
+        def arctic(settings: SuffixSettings):
+            cache = suffix.arctic_cache(uncut.max_depth)  # one history per source, as ours
+            return lambda: suffix.ArcticSuffixCandidates(cache, k, True, settings, curve)
+
+        sources += [(f"arctic-inference, factor {uncut.spec_factor:g}", arctic(uncut)),
+                    (f"arctic-inference, factor {uncut.spec_factor:g}, cut by T(n)", arctic(cut))]
     records = []
     for label, make in sources:
         for prompt in prompts:
             answer = list(ar_rows.loc[prompt.id].tokens)
             run = picker.replay(make(), data.encode(tokenizer, prompt, chat=True), answer, config["max_new_tokens"])
             records.append({"source": label, "category": prompt.category, "prompt_id": prompt.id,
-                            "tokens_per_target_forward": len(answer) / len(run.proposed)})
-    table = pd.DataFrame(records)
-    return table.pivot_table(index="source", columns="category", values="tokens_per_target_forward",
-                             aggfunc="mean", sort=False)
+                            "tokens_per_target_forward": len(answer) / len(run.proposed),
+                            "predicted_decode_speedup": len(answer) / sum(cost_model.cost_at(curve, n + 1)
+                                                                          for n in run.proposed)})
+    return pd.DataFrame(records)
+
+
+def suffix_replay_table(replayed: pd.DataFrame, value: str) -> pd.DataFrame:
+    """One value of the replay per source and kind of text: the mean over prompts of tokens per forward, the
+    geometric mean of the predicted speedups."""
+    aggregate = "mean" if value == "tokens_per_target_forward" else metrics.geometric_mean
+    return replayed.pivot_table(index="source", columns="category", values=value, aggfunc=aggregate, sort=False)
 
 
 def readme_columns(by_category: pd.DataFrame) -> pd.DataFrame:
@@ -377,7 +400,10 @@ if __name__ == "__main__":
     if "--trees" in sys.argv[1:]:
         print(markdown_trees(folder))
     elif "--suffix-replay" in sys.argv[1:]:
-        table = suffix_replay(folder)
-        print(words.markdown_table(table.reset_index(), {column: ".2f" for column in table.columns}))
+        replayed = suffix_replay(folder)
+        for value in ("tokens_per_target_forward", "predicted_decode_speedup"):
+            table = suffix_replay_table(replayed, value)
+            print(f"\n{value.replace('_', ' ')}:\n")
+            print(words.markdown_table(table.reset_index(), {column: ".2f" for column in table.columns}))
     else:
         print(markdown_by_category(folder))

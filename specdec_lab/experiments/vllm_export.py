@@ -13,7 +13,8 @@ says what it approximates it with:
   a draft tree -> a chain as deep as the tree (vLLM's tree attention serves EAGLE-style heads, not a draft
   model);
 - suffix decoding -> `suffix` with the same tree depth, spec factor and probability floor (needs
-  arctic-inference beside vLLM); a suffix tree -> its most frequent path (vLLM's proposer drafts one path);
+  arctic-inference beside vLLM); a suffix tree -> its most frequent path (vLLM's proposer drafts one path),
+  a cost-sized one uncut (vLLM has no such rule);
 - the hybrid -> the single source the picker predicted best for that kind;
 - a kind where no source is predicted to beat AR -> no speculation.
 """
@@ -83,6 +84,9 @@ def speculative_config(line, draft: str | None) -> tuple[dict | None, str | None
             notes.append("the suffix tree becomes its most frequent path (vLLM's suffix proposer drafts one path)")
         if settings.spec_offset:
             notes.append(f"spec_offset {settings.spec_offset} has no vLLM setting (vLLM: 0)")
+        if settings.cost_sized:
+            notes.append("the proposals' cut to the nodes worth verifying at this machine's T(n) has no vLLM setting: "
+                         "vLLM proposes up to num_speculative_tokens")
         return config, "; ".join(notes) or None
     raise ValueError(f"no vLLM equivalent for a {source.kind!r} source: export the picker's best single source instead")
 
