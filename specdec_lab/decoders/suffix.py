@@ -35,7 +35,7 @@ import importlib.util
 import itertools
 from dataclasses import dataclass, field
 
-from specdec_lab.cost_model import nodes_worth_verifying
+from specdec_lab.cost_model import cost_at, nodes_worth_verifying
 from specdec_lab.decoders.candidates import Candidates
 from specdec_lab.method import SuffixSettings
 from specdec_lab.result import SUFFIX
@@ -80,15 +80,16 @@ def sized(speculation: Speculation, relative_target) -> Speculation:
                        speculation.match_length)
 
 
-def verify_cost_for(settings: SuffixSettings, relative_target):
-    """The cost curve a source sizes its proposals by: `relative_target` where the settings ask for it (and
-    then it must be given), None otherwise."""
+def verify_cost_for(settings: SuffixSettings, relative_target, k: int = 16) -> dict[int, float] | None:
+    """The cost curve a source sizes its proposals by, where the settings ask for it (and then it must be
+    given), None otherwise: T(n) / T(1) read off `relative_target` once, for every n a proposal of at most k
+    nodes needs, so the decode loop reads a small dict (no pandas, no interpolation)."""
     if not settings.cost_sized:
         return None
     if relative_target is None or not len(relative_target):
         raise ValueError("cost-sized suffix decoding needs the target's measured T(n) / T(1) (relative_target, the "
                          "draft picker's cost curve): pass it, or build the settings with cost_sized=False")
-    return relative_target
+    return {n: cost_at(relative_target, n) for n in range(1, k + 2)}
 
 
 class SuffixTrie:
@@ -211,7 +212,7 @@ class SuffixCandidates:
         if isinstance(k, bool) or not isinstance(k, int) or k < 1:
             raise ValueError(f"suffix decoding's k (tokens proposed a step) must be an integer >= 1, got {k!r}")
         self.k, self.tree, self.settings = k, tree, settings
-        self.verify_cost = verify_cost_for(settings, relative_target)  # T(n) / T(1), where proposals are cost-sized
+        self.verify_cost = verify_cost_for(settings, relative_target, k)  # T(n) / T(1), where proposals are cost-sized
         # the answers this method gave earlier in the process, one per prompt
         self.history = history if history is not None else SuffixTrie(settings.max_depth)
         if self.history.max_depth != settings.max_depth:
@@ -314,7 +315,7 @@ class ArcticSuffixCandidates:
         if cache.max_tree_depth != settings.max_depth:
             raise ValueError(f"the arctic cache is {cache.max_tree_depth} deep, the settings say {settings.max_depth}")
         self.cache, self.k, self.tree, self.settings = cache, k, tree, settings
-        self.verify_cost = verify_cost_for(settings, relative_target)  # our sizing rule over its proposal, as over ours
+        self.verify_cost = verify_cost_for(settings, relative_target, k)  # our sizing rule over its proposal, as ours
         self.reset()
 
     def reset(self, vocab_size: int | None = None) -> None:

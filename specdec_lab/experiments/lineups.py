@@ -192,7 +192,7 @@ def suffix_decoding(target: LoadedModel, k: int, tree: bool, settings: SuffixSet
             return ArcticSuffixCandidates(cache, k, tree, settings, relative_target)
     else:
         raise ValueError(f"suffix decoding is implemented by 'ours' or 'arctic-inference', not {implementation!r}")
-    verify_cost_for(settings, relative_target)  # a missing cost curve fails here, before any prompt runs
+    verify_cost_for(settings, relative_target, k)  # a missing cost curve fails here, before any prompt runs
     shape = f"tree <= {k} nodes" if tree else f"path <= {k} tokens"
     shape += ", cut by T(n)" if settings.cost_sized else ""
     return with_candidates(target, make, max_new_tokens, sampling, f"suffix decoding, {shape} ({implementation})",
