@@ -56,6 +56,15 @@ def best_k_from_costs(alpha: float, target_ms: Mapping[int, float], draft_ms_per
     return best, predicted[best]
 
 
+def verify_costs(relative_target: Mapping[int, float], max_n: int) -> dict[int, float]:
+    """T(n) / T(1) for n = 1 .. max_n, read off a measured curve once (flat beyond its last n), so a source
+    that sizes its proposals at every step reads a small dict instead of interpolating a curve."""
+    if relative_target is None or not len(relative_target):
+        raise ValueError("sizing proposals by cost needs the target's measured T(n) / T(1) (the draft picker's or "
+                         "the engine's cost curve): pass it, or leave the source uncut")
+    return {n: cost_at(relative_target, n) for n in range(1, max_n + 1)}
+
+
 def nodes_worth_verifying(probabilities: Sequence[float], relative_target: Mapping[int, float]) -> int:
     """How many of a proposal's nodes to verify, taken in their order (most probable first, so that any
     prefix is a tree), node i accepted with `probabilities[i]` (its path's product): the count n with the

@@ -79,14 +79,12 @@ class LookaheadConfig:
 class SuffixSettings:
     """Suffix decoding's rules (`decoders.suffix`; vLLM's defaults): suffix trees `max_depth` tokens deep;
     a proposal of at most `spec_factor` * match length + `spec_offset` tokens, each at least
-    `min_token_prob` probable; `cost_sized`: then cut to the nodes worth verifying at the target's
-    measured T(n) (`cost_model.nodes_worth_verifying`; vLLM has no such rule)."""
+    `min_token_prob` probable (the cut by T(n) is the source's `cost_sized`)."""
 
     max_depth: int = 24
     spec_factor: float = 1.0
     spec_offset: float = 0.0
     min_token_prob: float = 0.1
-    cost_sized: bool = False
 
     def __post_init__(self):
         if isinstance(self.max_depth, bool) or not isinstance(self.max_depth, int) or self.max_depth < 2:
@@ -154,6 +152,9 @@ class CandidateSource:
     lookahead: LookaheadConfig | None = None
     tree: TreeSettings | None = None  # a draft model or prompt lookup proposing token trees (depth: k)
     suffix: SuffixSettings | None = None  # suffix decoding's rules (k: its tokens a step, a tree's nodes)
+    # a model-free source's proposals (prompt lookup, the hybrid's lookups, suffix decoding) cut to the tokens worth
+    # verifying at the target's measured T(n) (`cost_model.nodes_worth_verifying`; vLLM has no such rule)
+    cost_sized: bool | None = None
     block_size: int | None = None  # Jacobi's block
     init: str | None = None  # Jacobi's initial guess
 
@@ -234,6 +235,7 @@ def short_label(source: CandidateSource | None, role: str, implementation: str =
         text = f"Jacobi n={source.block_size}"
     else:
         text = source.kind
+    text += " cut" if source is not None and source.cost_sized else ""  # beside the same source uncut
     return text if implementation == "ours" else f"{text} · {implementation}"
 
 

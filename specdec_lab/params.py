@@ -302,15 +302,16 @@ def problems(notebook: str, values: Mapping) -> list[str]:
 
 
 def tree_problems(values: Mapping) -> list[str]:
-    """The draft tree is sized by the picker, from its calibration prompts, and cost-sized suffix proposals by
-    the T(n) it measures: both need the picker."""
+    """The draft tree is sized by the picker, from its calibration prompts, and cost-sized proposals (prompt
+    lookup, the hybrid, suffix decoding) by the T(n) it measures: both need the picker."""
     found = []
     if values.get("tree_nodes") and not values.get("picker_prompts"):
         found.append(f"tree_nodes: {values['tree_nodes']} needs the draft picker, which sizes the draft tree from its "
                      "calibration prompts: set picker_prompts >= 1, or tree_nodes: 0 (no trees)")
-    if values.get("suffix_k") and values.get("suffix_cost_sized") and not values.get("picker_prompts"):
-        found.append("suffix_cost_sized: true needs the draft picker, which measures the target's T(n) that suffix "
-                     "proposals are cut by: set picker_prompts >= 1, or suffix_cost_sized: false")
+    if values.get("cost_sized") and "picker_prompts" in values and not values["picker_prompts"]:  # 02's picker
+        found.append("cost_sized: true needs the draft picker, which measures the target's T(n) that prompt lookup's, "
+                     "the hybrid's and suffix decoding's proposals are cut by: set picker_prompts >= 1, or "
+                     "cost_sized: false")
     return found
 
 

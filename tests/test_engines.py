@@ -275,7 +275,8 @@ def test_the_engines_experiment_compares_both_engines_per_kind(tmp_path):
     params = {"profile": "test", "results_dir": str(tmp_path / "results"), "target": "smollm2-135m-instruct",
               "draft": "smollm2-135m-instruct", "engine_prompt_sets": ["humaneval", "mtbench"], "engine_prompts": 2,
               "engine_max_new_tokens": 12, "engine_k": 3, "prompt_lookup_k": 4, "engine_cost_curve_n": [1, 2, 4, 9],
-              "cost_curve_repeats": 1, "torch_path": "float32", "repeats": 1, "warmup": 0, "seed": 0}
+              "cost_curve_repeats": 1, "torch_path": "float32", "repeats": 1, "warmup": 0, "seed": 0,
+              "cost_sized": True}
     tables = engines.run(params)
     names = set(tables.rows.decoder)
     assert len(names) == 10 and engines.PEER_AR in names

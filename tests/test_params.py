@@ -43,8 +43,7 @@ GOOD = params.load_yaml(REPO_ROOT / "params/smoke/02_speculative.yaml")
     ({"tree_branches": -1}, "tree_branches must be an integer >= 0"),
     ({"suffix_spec_factor": -1.0}, "suffix_spec_factor must be a number >= 0"),
     ({"tree_nodes": 8, "picker_prompts": 0}, "tree_nodes: 8 needs the draft picker"),
-    ({"tree_nodes": 0, "suffix_k": 16, "suffix_cost_sized": True, "picker_prompts": 0},
-     "suffix_cost_sized: true needs the draft picker"),
+    ({"tree_nodes": 0, "cost_sized": True, "picker_prompts": 0}, "cost_sized: true needs the draft picker"),
 ])
 def test_bad_values_are_named(change, message):
     found = params.problems("02_speculative", GOOD | change)

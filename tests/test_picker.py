@@ -60,11 +60,25 @@ def test_replayed_prompt_lookup_takes_the_decoders_steps(greedy):
     assert (run.proposed, run.accepted) == steps(real) and run.draft_forwards == 0
 
 
-def test_replayed_hybrid_makes_the_decoders_choices(greedy):
+CURVE = {1: 1.0, 2: 1.05, 4: 1.3, 9: 3.0}  # a cost curve steep enough to cut proposals
+
+
+def test_replayed_cost_sized_prompt_lookup_takes_the_decoders_steps():
+    repetitive = PROMPT + PROMPT[3:] + PROMPT
+    greedy = autoregressive.generate(TARGET, repetitive, 48, stop_ids=[]).tokens
+    real = speculative.generate(TARGET, PromptLookupCandidates(4, relative_target=CURVE), repetitive, 48, stop_ids=[])
+    run = picker.replay(PromptLookupCandidates(4, relative_target=CURVE), repetitive, greedy, 48)
+    assert (run.proposed, run.accepted) == steps(real) and sum(run.proposed) > 0
+
+
+@pytest.mark.parametrize("relative_target", [None, CURVE])
+def test_replayed_hybrid_makes_the_decoders_choices(greedy, relative_target):
     """Without a confidence stop the replayed hybrid sees what the real one sees: the same sources,
-    the same steps (with the stop, proposals after a wrong draft token can differ in number)."""
+    the same steps (with the stop, proposals after a wrong draft token can differ in number); priced by a
+    cost curve or not."""
     def hybrid(draft=None):
-        return HybridCandidates(DRAFT, 3, 4, cost_ratio=0.3, confidence_threshold=0.0, draft=draft)
+        return HybridCandidates(DRAFT, 3, 4, cost_ratio=0.3, confidence_threshold=0.0, draft=draft,
+                                relative_target=relative_target)
     real_source = hybrid()
     real = speculative.generate(TARGET, real_source, PROMPT, 48, stop_ids=[])
     forecast = picker.forecast_draft(DRAFT, PROMPT, greedy)

@@ -178,7 +178,7 @@ def test_the_nodes_worth_verifying_maximise_expected_tokens_per_unit_of_the_forw
 
 
 def cost_sized(relative_target, make=None):
-    settings = SuffixSettings(max_depth=8, cost_sized=True)
+    settings = SuffixSettings(max_depth=8)
     return (make or SuffixCandidates)(k=8, tree=True, settings=settings, relative_target=relative_target)
 
 
@@ -204,7 +204,7 @@ def test_a_cost_sized_merge_is_no_larger_than_the_larger_sized_proposal():
     the merged tree holds one, not one of each (catches the merge left at the unsized budget)."""
     history = SuffixTrie(8)
     history.extend("earlier", [1, 2, 9, 1, 2, 9, 1, 2, 9])
-    source = SuffixCandidates(k=8, tree=True, settings=SuffixSettings(max_depth=8, cost_sized=True), history=history,
+    source = SuffixCandidates(k=8, tree=True, settings=SuffixSettings(max_depth=8), history=history,
                               relative_target={1: 1.0, 2: 1.0, 3: 4.0})
     proposal = source.propose([1, 2, 3, 7, 1, 2], 8, GREEDY, None)
     assert len(proposal.token_ids) == 1 and proposal.token_ids[0] in (3, 9)
@@ -218,7 +218,7 @@ def test_cost_sized_suffix_decoding_equals_ar():
 
 
 @pytest.mark.parametrize("make, problem", [
-    (lambda: SuffixCandidates(settings=SuffixSettings(cost_sized=True)), "needs the target's measured T"),
+    (lambda: SuffixCandidates(relative_target={}), "needs the target's measured T"),
     (lambda: SuffixSettings(max_depth=1), "max_depth must be an integer >= 2, got 1"),
     (lambda: SuffixSettings(min_token_prob=1.5), "min_token_prob must be in"),
     (lambda: SuffixCandidates(k=0), "k .* must be an integer >= 1, got 0"),

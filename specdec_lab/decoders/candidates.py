@@ -17,7 +17,8 @@ import torch
 
 from specdec_lab.decoders.backend import engine, open_sequence
 from specdec_lab.decoders.trees import ancestors, depths, level_order, tree_problem
-from specdec_lab.cost_model import predicted_speedup
+from specdec_lab.cost_model import (cost_at, expected_tokens_per_step, nodes_worth_verifying, predicted_speedup,
+                                    verify_costs)
 from specdec_lab.method import SCHEDULES, HybridSettings
 from specdec_lab.result import DRAFT_MODEL, PROMPT_LOOKUP
 from specdec_lab.sampling import Sampling, probabilities, sample
@@ -140,20 +141,30 @@ class PromptLookupCandidates:
       at most 2k), so a match that keeps matching is extended;
     - a kind whose proposals keep being rejected (under `min_accepted_per_step` tokens accepted
       per proposing step, after `min_tries` steps) proposes nothing: a plain AR step is cheaper
-      than verifying tokens that will be rejected.
+      than verifying tokens that will be rejected;
+    - given the target's measured cost curve, `relative_target` (T(n) / T(1)), each proposal is cut to
+      the tokens worth verifying at that cost (`cost_model.nodes_worth_verifying`), token i counted as
+      accepted with alpha^i, alpha the kind's acceptance so far (`acceptance`); none at all where a plain
+      step is worth more. Where T(n) is flat (bf16 with AMX) this keeps the whole proposal; where it is
+      steep (AVX2 only, llama.cpp: T(2) = 1.5 T(1)) only what a kind's record pays for.
     """
 
     MATCH_KINDS = 4  # match lengths 1, 2, 3 and "4 or more" are told apart
     origin = PROMPT_LOOKUP
 
     def __init__(self, k: int = 10, max_ngram: int = 3, min_ngram: int = 1, match: str = "longest",
-                 min_accepted_per_step: float = 0.25, min_tries: int = 4):
+                 min_accepted_per_step: float = 0.25, min_tries: int = 4, relative_target=None):
         if not 1 <= min_ngram <= max_ngram:
             raise ValueError(f"need 1 <= min_ngram <= max_ngram, got {min_ngram}, {max_ngram}")
         if match not in ("latest", "longest"):
             raise ValueError(f"unknown prompt-lookup match rule {match!r}: use 'latest' or 'longest'")
+        if relative_target is not None and match != "longest":
+            raise ValueError("prompt lookup's cut by T(n) weighs each kind of match's acceptance, which only "
+                             f"match='longest' keeps: use it, or pass no relative_target (got match={match!r})")
         self.k, self.max_ngram, self.min_ngram, self.match = int(k), max_ngram, min_ngram, match
         self.min_accepted_per_step, self.min_tries = min_accepted_per_step, min_tries
+        # T(n) / T(1) for every n a proposal needs (up to 2k + 1), where proposals are cut by cost (None: uncut)
+        self.verify_cost = verify_costs(relative_target, 2 * self.k + 1) if relative_target is not None else None
         self.reset()
 
     def reset(self, vocab_size: int | None = None) -> None:
@@ -161,7 +172,9 @@ class PromptLookupCandidates:
         self.lengths = [DraftLength(self.k, "heuristic") for _ in range(self.MATCH_KINDS)]
         self.steps = [0] * self.MATCH_KINDS  # proposing steps per kind of match
         self.accepted = [0] * self.MATCH_KINDS  # tokens accepted per kind of match
+        self.rejections = [0] * self.MATCH_KINDS  # steps per kind of match that kept less than they proposed
         self.kind = None  # the kind of match the last proposal came from
+        self.ran_out = False  # the last proposal stopped at the sequence's end, short of its kind's length
 
     def propose(self, tokens, max_candidates, sampling, rng) -> Candidates:
         self.kind = None
@@ -175,15 +188,37 @@ class PromptLookupCandidates:
         if (self.steps[kind] >= self.min_tries
                 and self.accepted[kind] < self.min_accepted_per_step * self.steps[kind]):
             return Candidates([])  # matches of this kind keep being rejected: an AR step instead
+        proposal = tokens[follow_start:follow_start + min(self.lengths[kind].k, 2 * self.k, max_candidates)]
+        # shorter than the kind's proposal length: the match reached the sequence's end (a draft may continue it)
+        self.ran_out = len(proposal) < self.lengths[kind].k
+        if self.verify_cost is not None:
+            worth = self.worth_verifying(kind, len(proposal))
+            self.ran_out = self.ran_out and worth == len(proposal)  # cut short by cost: nothing to continue
+            proposal = proposal[:worth]
+        if not proposal:
+            return Candidates([])  # no token of this kind's proposals pays for its share of the forward
         self.kind = kind
-        k = min(self.lengths[kind].k, 2 * self.k, max_candidates)
-        return Candidates(tokens[follow_start:follow_start + k])
+        return Candidates(proposal)
+
+    def acceptance(self, kind: int) -> float:
+        """A kind of match's per-token acceptance so far, accepted / (accepted + rejections) (Leviathan's
+        i.i.d. model, as `cost_model.acceptance_alpha`), after one imagined step that accepted as many
+        tokens as the match is long, then rejected one: before any evidence a match of 1 token is trusted
+        at 1/2, one of 4 or more at 4/5."""
+        accepted = self.accepted[kind] + kind + 1
+        return accepted / (accepted + self.rejections[kind] + 1)
+
+    def worth_verifying(self, kind: int, k: int) -> int:
+        """How many of a proposal's first k tokens are worth verifying at the target's cost (0: none)."""
+        alpha = self.acceptance(kind)
+        return nodes_worth_verifying([alpha ** i for i in range(1, k + 1)], self.verify_cost)
 
     def update(self, tokens, num_accepted, num_proposed) -> None:
         if self.kind is None or num_proposed == 0:
             return
         self.steps[self.kind] += 1
         self.accepted[self.kind] += num_accepted
+        self.rejections[self.kind] += num_accepted < num_proposed
         self.lengths[self.kind].update(num_accepted, num_proposed)
 
 
@@ -488,12 +523,19 @@ class HybridCandidates:
     charged against what drafting is expected to save over the tokens left; the draft runs (or is
     explored) only where the saving exceeds it. On a long prompt with few tokens to generate the
     draft's prefill can cost more than drafting gives back.
+
+    Given the target's measured cost curve, `relative_target` (T(n) / T(1)), verifying is no longer taken
+    as free: the lookups are cut to the tokens worth verifying (`PromptLookupCandidates`), a lookup is
+    worth its expected tokens over T(n + 1) / T(1), and the draft its expected tokens over T(k + 1) / T(1)
+    + k c (Leviathan's formula with the measured verify cost). On steep T(n) (AVX2 only, llama.cpp) this is
+    what keeps a short lookup from losing to its own verification.
     """
 
     def __init__(self, draft_model, k: int = 5, prompt_lookup_k: int = 10, cost_ratio: float = 0.3,
                  prior_acceptance: float = HybridSettings.prior_acceptance, prior_tokens: int = 10,
                  explore_every: int = 8, confidence_threshold: float = 0.4,
-                 extend_lookups: bool = HybridSettings.extend_lookups, draft=None, prefill_cost_ratio: float = 0.0):
+                 extend_lookups: bool = HybridSettings.extend_lookups, draft=None, prefill_cost_ratio: float = 0.0,
+                 relative_target=None):
         if not 0 < cost_ratio:
             raise ValueError(f"cost_ratio (draft step / target step) must be > 0, got {cost_ratio}")
         if not prefill_cost_ratio >= 0:
@@ -504,7 +546,8 @@ class HybridCandidates:
         # `draft`: another draft candidate source with the same rules (the picker's replayed draft)
         self.draft = draft if draft is not None else DraftModelCandidates(draft_model, k, "heuristic",
                                                                            confidence_threshold)
-        self.lookup = PromptLookupCandidates(prompt_lookup_k)
+        self.lookup = PromptLookupCandidates(prompt_lookup_k, relative_target=relative_target)
+        self.verify_cost = self.lookup.verify_cost  # T(n) / T(1) up to n = 2 prompt_lookup_k + 1, flat beyond; None: free
         self.cost_ratio, self.prior_acceptance, self.prior_tokens = cost_ratio, prior_acceptance, prior_tokens
         self.explore_every, self.extend_lookups = explore_every, extend_lookups
         self.prefill_cost_ratio = prefill_cost_ratio
@@ -528,15 +571,22 @@ class HybridCandidates:
                 / (self.draft_proposed + self.prior_tokens))
 
     def draft_speedup(self, k: int) -> float:
-        return predicted_speedup(self.draft_acceptance(), k, self.cost_ratio)
+        if self.verify_cost is None:  # verifying k + 1 tokens taken to cost one step
+            return predicted_speedup(self.draft_acceptance(), k, self.cost_ratio)
+        return (expected_tokens_per_step(self.draft_acceptance(), k)
+                / (cost_at(self.verify_cost, k + 1) + k * self.cost_ratio))
 
-    def lookup_gain(self) -> float:
-        """Expected tokens of the last lookup proposal's kind of match, per (nearly free) step: 1 +
-        the tokens accepted per step, counting one optimistic step that accepted as many tokens as
-        the match is long. Without that step, one early rejection (the first token of an answer
-        often matches the prompt's chat template) would rank a kind that then keeps matching below
-        the draft for the rest of the text."""
+    def lookup_gain(self, proposed: int) -> float:
+        """Expected tokens of the last lookup proposal (`proposed` tokens long) per target step. Without a
+        cost curve, verifying is taken as nearly free: 1 + the tokens its kind of match accepted per step,
+        counting one optimistic step that accepted as many tokens as the match is long. Without that step,
+        one early rejection (the first token of an answer often matches the prompt's chat template) would
+        rank a kind that then keeps matching below the draft for the rest of the text. With one: the
+        proposal's expected tokens at its kind's acceptance, over T(proposed + 1) / T(1)."""
         kind = self.lookup.kind
+        if self.verify_cost is not None:
+            alpha = self.lookup.acceptance(kind)
+            return (1 + sum(alpha ** i for i in range(1, proposed + 1))) / cost_at(self.verify_cost, proposed + 1)
         optimistic = kind + 1  # the match's length
         return 1.0 + (self.lookup.accepted[kind] + optimistic) / (self.lookup.steps[kind] + 1)
 
@@ -559,11 +609,10 @@ class HybridCandidates:
         # exploring is cheap only while the draft has (nearly) caught up: no prefill is spent on a probe
         explore = self.steps_without_draft >= self.explore_every and self.catch_up_cost(tokens) <= self.cost_ratio
         pays = self.drafting_pays(tokens, max_candidates + 1, draft_speedup)
-        if looked_up and self.lookup_gain() >= max(draft_speedup if pays else 1.0, 1.0):
+        if looked_up and self.lookup_gain(len(looked_up)) >= max(draft_speedup if pays else 1.0, 1.0):
             self.source, self.looked_up = "prompt lookup", len(looked_up)
             room = max_candidates - len(looked_up)
-            runs_out = len(looked_up) < self.lookup.lengths[self.lookup.kind].k
-            if self.extend_lookups and room > 0 and runs_out and (pays or explore):
+            if self.extend_lookups and room > 0 and self.lookup.ran_out and (pays or explore):
                 self.source = "prompt lookup + draft model"
                 drafted = self.draft.propose(list(tokens) + looked_up, room, sampling, rng)
                 self._seen(len(tokens) + len(looked_up), drafted)

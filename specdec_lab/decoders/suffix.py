@@ -11,9 +11,9 @@ end of the sequence is matched in them, and what followed the match is proposed,
   probabilities: the expected number accepted) wins;
 - `tree=True` proposes the k most probable continuation nodes as a token tree (verified in one forward,
   `decoders.trees`); `tree=False`, the single most frequent path;
-- `cost_sized` (our rule; vLLM has none): the proposal is then cut to the nodes worth verifying at the
-  target's measured cost curve, T(n) / T(1) (`cost_model.nodes_worth_verifying`), on the nodes'
-  probabilities; none at all where a plain step is worth more.
+- given the target's measured cost curve, T(n) / T(1) (our rule, a cost-sized source; vLLM has none), the
+  proposal is cut to the nodes worth verifying at that cost (`cost_model.nodes_worth_verifying`), on the
+  nodes' probabilities; none at all where a plain step is worth more.
 
 Two implementations sit behind the same candidate interface:
 - `SuffixCandidates`, ours, in Python: as arctic-inference's rules, except that a tree proposal merges
@@ -35,7 +35,7 @@ import importlib.util
 import itertools
 from dataclasses import dataclass, field
 
-from specdec_lab.cost_model import cost_at, nodes_worth_verifying
+from specdec_lab.cost_model import nodes_worth_verifying, verify_costs
 from specdec_lab.decoders.candidates import Candidates
 from specdec_lab.method import SuffixSettings
 from specdec_lab.result import SUFFIX
@@ -78,18 +78,6 @@ def sized(speculation: Speculation, relative_target) -> Speculation:
     n = nodes_worth_verifying(speculation.probs, relative_target)
     return Speculation(speculation.token_ids[:n], speculation.parents[:n], speculation.probs[:n],
                        speculation.match_length)
-
-
-def verify_cost_for(settings: SuffixSettings, relative_target, k: int = 16) -> dict[int, float] | None:
-    """The cost curve a source sizes its proposals by, where the settings ask for it (and then it must be
-    given), None otherwise: T(n) / T(1) read off `relative_target` once, for every n a proposal of at most k
-    nodes needs, so the decode loop reads a small dict (no pandas, no interpolation)."""
-    if not settings.cost_sized:
-        return None
-    if relative_target is None or not len(relative_target):
-        raise ValueError("cost-sized suffix decoding needs the target's measured T(n) / T(1) (relative_target, the "
-                         "draft picker's cost curve): pass it, or build the settings with cost_sized=False")
-    return {n: cost_at(relative_target, n) for n in range(1, k + 2)}
 
 
 class SuffixTrie:
@@ -212,7 +200,8 @@ class SuffixCandidates:
         if isinstance(k, bool) or not isinstance(k, int) or k < 1:
             raise ValueError(f"suffix decoding's k (tokens proposed a step) must be an integer >= 1, got {k!r}")
         self.k, self.tree, self.settings = k, tree, settings
-        self.verify_cost = verify_cost_for(settings, relative_target, k)  # T(n) / T(1), where proposals are cost-sized
+        # T(n) / T(1) for every n a proposal needs, where proposals are cut by the target's cost (None: uncut)
+        self.verify_cost = verify_costs(relative_target, k + 1) if relative_target is not None else None
         # the answers this method gave earlier in the process, one per prompt
         self.history = history if history is not None else SuffixTrie(settings.max_depth)
         if self.history.max_depth != settings.max_depth:
@@ -315,7 +304,8 @@ class ArcticSuffixCandidates:
         if cache.max_tree_depth != settings.max_depth:
             raise ValueError(f"the arctic cache is {cache.max_tree_depth} deep, the settings say {settings.max_depth}")
         self.cache, self.k, self.tree, self.settings = cache, k, tree, settings
-        self.verify_cost = verify_cost_for(settings, relative_target, k)  # our sizing rule over its proposal, as ours
+        # our sizing rule over its proposal, as ours (None: uncut)
+        self.verify_cost = verify_costs(relative_target, k + 1) if relative_target is not None else None
         self.reset()
 
     def reset(self, vocab_size: int | None = None) -> None:

@@ -56,8 +56,10 @@ def torch_label(loaded: models.LoadedModel) -> str:
 
 
 def lineup(target: models.LoadedModel, draft: models.LoadedModel, k: int, prompt_lookup_k: int,
-           max_new_tokens: int, cost_ratio: float, where: str) -> list[Method]:
-    """The kit's four methods on one engine (`where` names it in the methods' names)."""
+           max_new_tokens: int, cost_ratio: float, where: str, relative_target=None) -> list[Method]:
+    """The kit's four methods on one engine (`where` names it in the methods' names); given the engine's
+    measured T(n) / T(1), `relative_target`, prompt lookup and the hybrid are cut and priced by it."""
+    cut = lineups.CUT_LABEL if relative_target is not None else ""
     lossless = target.quantization == "none" and target.dtype is not None  # equal to the unquantized target's AR
     weights = Weights(quantization=target.quantization, draft_quantization=draft.quantization)
     return [
@@ -66,10 +68,11 @@ def lineup(target: models.LoadedModel, draft: models.LoadedModel, k: int, prompt
         lineups.draft_model_speculative(target, draft, k, max_new_tokens, name=f"draft k={k} (ours · {where})",
                                         lossless=lossless, weights=weights),
         lineups.prompt_lookup(target, prompt_lookup_k, max_new_tokens, lossless=lossless,
-                              name=f"prompt lookup k={prompt_lookup_k} (ours · {where})",
-                              weights=Weights(quantization=target.quantization)),
+                              name=f"prompt lookup k={prompt_lookup_k}{cut} (ours · {where})",
+                              weights=Weights(quantization=target.quantization), relative_target=relative_target),
         lineups.hybrid(target, draft, k, prompt_lookup_k, max_new_tokens, cost_ratio,
-                       name=f"hybrid (ours · {where})", lossless=lossless, weights=weights),
+                       name=f"hybrid{cut} (ours · {where})", lossless=lossless, weights=weights,
+                       relative_target=relative_target),
     ]
 
 
@@ -114,7 +117,9 @@ def run(params: dict) -> EngineTables:
     for group, where in ((on_llama, f"llama.cpp {target_on_llama.quantization}"), (on_torch, torch_label(on_torch["target"]))):
         engine = engine_of(group["target"].model)
         cost_ratio = step_ms[(engine, "draft")] / step_ms[(engine, "target")]
-        group_methods = lineup(group["target"], group["draft"], k, lookup_k, new_tokens, cost_ratio, where)
+        target_curve = curves[(curves.engine == engine) & (curves.model_role == "target")].set_index("n").ms_fit
+        group_methods = lineup(group["target"], group["draft"], k, lookup_k, new_tokens, cost_ratio, where,
+                               target_curve / step_ms[(engine, "target")] if params["cost_sized"] else None)
         target_of_ar[group_methods[0].name] = group["target"]  # the group's AR comes first
         methods += group_methods
     target_for_ar = on_torch["target"]

@@ -17,8 +17,7 @@ from specdec_lab.decoders import (autoregressive, batched, draft_then_score, hf_
 from specdec_lab.decoders.backend import engine as engine_of, stop_token_ids
 from specdec_lab.decoders.candidates import (CandidateGenerator, DraftModelCandidates, DraftTreeCandidates,
                                             HybridCandidates, PromptLookupCandidates, PromptLookupTreeCandidates)
-from specdec_lab.decoders.suffix import (ArcticSuffixCandidates, SuffixCandidates, SuffixTrie, arctic_cache,
-                                        verify_cost_for)
+from specdec_lab.decoders.suffix import ArcticSuffixCandidates, SuffixCandidates, SuffixTrie, arctic_cache
 from specdec_lab.decoders.trees import depths
 from specdec_lab.method import (SCHEDULES, CandidateSource, HybridSettings, LookaheadConfig, Method, SuffixSettings,
                                 TreeSettings, Weights, shape_label)
@@ -73,20 +72,25 @@ def draft_source(k: int, schedule: str = "constant", confidence_threshold: float
                            confidence_threshold=confidence_threshold)
 
 
-def prompt_lookup_source(k: int, match: str = "longest", implementation: str = "ours") -> CandidateSource:
-    """Ours: match="longest" (its proposal length adapts per kind of match) or "latest", n-grams up
-    to PROMPT_LOOKUP_NGRAM; transformers': match="first", n-grams up to its own default."""
+def prompt_lookup_source(k: int, match: str = "longest", implementation: str = "ours",
+                         cost_sized: bool = False) -> CandidateSource:
+    """Ours: match="longest" (its proposal length adapts per kind of match; `cost_sized`: cut by the
+    target's T(n)) or "latest", n-grams up to PROMPT_LOOKUP_NGRAM; transformers': match="first", n-grams up
+    to its own default."""
     if implementation == "transformers":
         return CandidateSource("prompt lookup", "transformers", k=k, match="first",
                                max_ngram=TRANSFORMERS_PROMPT_LOOKUP_NGRAM)
     return CandidateSource("prompt lookup", k=k, match=match, max_ngram=PROMPT_LOOKUP_NGRAM,
-                           schedule="heuristic" if match == "longest" else None)
+                           schedule="heuristic" if match == "longest" else None, cost_sized=cost_sized)
 
 
 def hybrid_source(k: int, prompt_lookup_k: int, settings: HybridSettings = HybridSettings(),
-                  adaptive_threshold: float = 0.4) -> CandidateSource:
+                  adaptive_threshold: float = 0.4, cost_sized: bool = False) -> CandidateSource:
     return CandidateSource("hybrid", k=k, schedule="heuristic", confidence_threshold=adaptive_threshold,
-                           prompt_lookup_k=prompt_lookup_k, hybrid=settings)
+                           prompt_lookup_k=prompt_lookup_k, hybrid=settings, cost_sized=cost_sized)
+
+
+CUT_LABEL = ", cut by T(n)"  # the name of a method whose proposals are cut by the target's measured cost
 
 
 def draft_model_speculative(target: LoadedModel, draft: LoadedModel, k: int, max_new_tokens: int,
@@ -115,14 +119,17 @@ TRANSFORMERS_PROMPT_LOOKUP_NGRAM = 2  # transformers' max_matching_ngram_size de
 
 def prompt_lookup(target: LoadedModel, k: int, max_new_tokens: int, sampling: Sampling = GREEDY,
                   name: str | None = None, lossless: bool = True, weights: Weights | None = None,
-                  match: str = "longest") -> Method:
+                  match: str = "longest", relative_target=None) -> Method:
     """Our prompt lookup: the longest match, its proposal adapted per kind of match (see
-    PromptLookupCandidates), or with match="latest" the classic latest-n-gram rule."""
+    PromptLookupCandidates), or with match="latest" the classic latest-n-gram rule. `relative_target`:
+    the target's measured T(n) / T(1), each proposal then cut to the tokens worth verifying at it."""
     label = (f"k={k} adaptive, longest match" if match == "longest"
              else f"k={k}, n<={PROMPT_LOOKUP_NGRAM}, latest match")
-    return with_candidates(target, lambda: PromptLookupCandidates(k, max_ngram=PROMPT_LOOKUP_NGRAM, match=match),
-                           max_new_tokens, sampling, name or f"prompt lookup {label} (ours)",
-                           prompt_lookup_source(k, match), lossless, weights)
+    cut = relative_target is not None
+    return with_candidates(target, lambda: PromptLookupCandidates(k, max_ngram=PROMPT_LOOKUP_NGRAM, match=match,
+                                                                  relative_target=relative_target),
+                           max_new_tokens, sampling, name or f"prompt lookup {label}{CUT_LABEL if cut else ''} (ours)",
+                           prompt_lookup_source(k, match, cost_sized=cut), lossless, weights)
 
 
 def draft_tree(target: LoadedModel, draft: LoadedModel, depth: int, tree: TreeSettings, max_new_tokens: int,
@@ -181,7 +188,7 @@ def suffix_decoding(target: LoadedModel, k: int, tree: bool, settings: SuffixSet
                     sampling: Sampling = GREEDY, implementation: str = "ours", relative_target=None) -> Method:
     """Suffix decoding (`decoders.suffix`): ours, or arctic-inference's suffix tree behind the same
     verifier. The method owns the tree of its earlier answers, which every call reads and extends.
-    `relative_target`: the target's T(n) / T(1), which cost-sized settings cut each proposal by."""
+    `relative_target`: the target's measured T(n) / T(1), each proposal then cut to the nodes worth verifying."""
     if implementation == "ours":
         history = SuffixTrie(settings.max_depth)
         def make():
@@ -192,36 +199,40 @@ def suffix_decoding(target: LoadedModel, k: int, tree: bool, settings: SuffixSet
             return ArcticSuffixCandidates(cache, k, tree, settings, relative_target)
     else:
         raise ValueError(f"suffix decoding is implemented by 'ours' or 'arctic-inference', not {implementation!r}")
-    verify_cost_for(settings, relative_target, k)  # a missing cost curve fails here, before any prompt runs
-    shape = f"tree <= {k} nodes" if tree else f"path <= {k} tokens"
-    shape += ", cut by T(n)" if settings.cost_sized else ""
+    cut = relative_target is not None
+    shape = (f"tree <= {k} nodes" if tree else f"path <= {k} tokens") + (CUT_LABEL if cut else "")
     return with_candidates(target, make, max_new_tokens, sampling, f"suffix decoding, {shape} ({implementation})",
-                           suffix_source(k, tree, settings, implementation))
+                           suffix_source(k, tree, settings, implementation, cut))
 
 
-def suffix_source(k: int, tree: bool, settings: SuffixSettings, implementation: str = "ours") -> CandidateSource:
-    return CandidateSource("suffix", implementation, k=k, tree=TreeSettings(k) if tree else None, suffix=settings)
+def suffix_source(k: int, tree: bool, settings: SuffixSettings, implementation: str = "ours",
+                  cost_sized: bool = False) -> CandidateSource:
+    return CandidateSource("suffix", implementation, k=k, tree=TreeSettings(k) if tree else None, suffix=settings,
+                           cost_sized=cost_sized)
 
 
 def hybrid(target: LoadedModel, draft: LoadedModel, k: int, prompt_lookup_k: int, max_new_tokens: int,
            cost_ratio: float, sampling: Sampling = GREEDY, adaptive_threshold: float = 0.4,
            settings: HybridSettings | None = None, name: str | None = None, lossless: bool = True,
-           weights: Weights | None = None, prefill_cost_ratio: float = 0.0) -> Method:
+           weights: Weights | None = None, prefill_cost_ratio: float = 0.0, relative_target=None) -> Method:
     """Our hybrid candidate source: each step prompt lookup, the draft model (adaptive k from k),
     lookup continued by the draft, or nothing, chosen from the match and the acceptance so far
     (see HybridCandidates). `cost_ratio` = draft step / target step, measured on this machine (a
     measurement fed to the source, not part of what it is); `settings`: as the draft picker chose
     them (None: the record's defaults, which are HybridCandidates'); `prefill_cost_ratio` = the draft's
-    prefill per token / target step, another measurement (0: the draft's catch-up is not charged)."""
+    prefill per token / target step, another measurement (0: the draft's catch-up is not charged);
+    `relative_target`: the target's measured T(n) / T(1), verifying then priced by it and lookups cut by it."""
     settings = settings or HybridSettings()
+    cut = relative_target is not None
 
     def make():
         return HybridCandidates(draft.model, k, prompt_lookup_k, cost_ratio=cost_ratio,
                                 confidence_threshold=adaptive_threshold, prior_acceptance=settings.prior_acceptance,
-                                extend_lookups=settings.extend_lookups, prefill_cost_ratio=prefill_cost_ratio)
-    return with_candidates(target, make, max_new_tokens, sampling,
-                           name or f"hybrid: prompt lookup k={prompt_lookup_k} or draft adaptive k from {k} (ours)",
-                           hybrid_source(k, prompt_lookup_k, settings, adaptive_threshold), lossless, weights)
+                                extend_lookups=settings.extend_lookups, prefill_cost_ratio=prefill_cost_ratio,
+                                relative_target=relative_target)
+    name = name or f"hybrid: prompt lookup k={prompt_lookup_k} or draft adaptive k from {k}{CUT_LABEL if cut else ''} (ours)"
+    return with_candidates(target, make, max_new_tokens, sampling, name,
+                           hybrid_source(k, prompt_lookup_k, settings, adaptive_threshold, cut), lossless, weights)
 
 
 def llama_cpp_ar(engine: llama_cpp_peer.LlamaCppPeer, like: LoadedModel, max_new_tokens: int,
@@ -314,7 +325,7 @@ def speculative_methods(target: LoadedModel, draft: LoadedModel, k: int, max_new
                         tree_shape: Sequence[tuple[int, int]] | None = None,
                         lookup_tree: TreeSettings | None = None, suffix_k: int = 0,
                         suffix: SuffixSettings = SuffixSettings(), suffix_path: bool = True,
-                        suffix_peer: bool = False, suffix_relative_target=None) -> list[Method]:
+                        suffix_peer: bool = False, relative_target=None) -> list[Method]:
     """AR baseline; our speculative decoder and transformers' assisted generation configured alike,
     for each of `schedules` (k constant; the heuristic schedule from the same k with the same
     confidence stop); prompt lookup, each named by its own n-gram rule; optionally transformers'
@@ -322,8 +333,9 @@ def speculative_methods(target: LoadedModel, draft: LoadedModel, k: int, max_new
     assisted generation with a draft of another tokenizer, (given the draft's cost ratio) our
     hybrid candidate source, token trees: the draft filling `tree_shape` (the picker's) and
     prompt lookup merging matches into `lookup_tree`, and (`suffix_k` > 0) suffix decoding as a tree and
-    (`suffix_path`) as a path, with (`suffix_peer`) arctic-inference's suffix tree beside ours (cost-sized
-    settings cut every one's proposals by `suffix_relative_target`, the target's T(n) / T(1))."""
+    (`suffix_path`) as a path, with (`suffix_peer`) arctic-inference's suffix tree beside ours. Given
+    `relative_target`, the target's measured T(n) / T(1), our model-free sources (prompt lookup, the hybrid's
+    lookups, every suffix decoding) cut their proposals to the tokens worth verifying at it."""
     unknown = [schedule for schedule in schedules if schedule not in SCHEDULES]
     if unknown or not schedules:
         raise ValueError(f"schedules must be a non-empty list of {list(SCHEDULES)}, got {list(schedules)}")
@@ -345,9 +357,10 @@ def speculative_methods(target: LoadedModel, draft: LoadedModel, k: int, max_new
     methods = [
         ar(target, max_new_tokens, sampling),
         *ours,
-        prompt_lookup(target, prompt_lookup_k, max_new_tokens, sampling),
+        prompt_lookup(target, prompt_lookup_k, max_new_tokens, sampling, relative_target=relative_target),
         *([hybrid(target, draft, k, prompt_lookup_k, max_new_tokens, hybrid_cost_ratio, sampling, adaptive_threshold,
-                  hybrid_settings, prefill_cost_ratio=hybrid_prefill_ratio)] if hybrid_cost_ratio is not None else []),
+                  hybrid_settings, prefill_cost_ratio=hybrid_prefill_ratio, relative_target=relative_target)]
+          if hybrid_cost_ratio is not None else []),
         *theirs,
         peer(f"prompt lookup k={prompt_lookup_k}, n<={TRANSFORMERS_PROMPT_LOOKUP_NGRAM}, first match (transformers)",
              prompt_lookup_source(prompt_lookup_k, implementation="transformers"),
@@ -359,11 +372,11 @@ def speculative_methods(target: LoadedModel, draft: LoadedModel, k: int, max_new
         methods.append(prompt_lookup_tree(target, prompt_lookup_k, lookup_tree, max_new_tokens, sampling))
     if suffix_k:
         methods += [suffix_decoding(target, suffix_k, tree, suffix, max_new_tokens, sampling,
-                                    relative_target=suffix_relative_target)
+                                    relative_target=relative_target)
                     for tree in ((True, False) if suffix_path else (True,))]
         if suffix_peer:
             methods.append(suffix_decoding(target, suffix_k, True, suffix, max_new_tokens, sampling, "arctic-inference",
-                                           suffix_relative_target))
+                                           relative_target))
     if transformers_defaults:
         methods.append(peer("assisted k=20 constant, stop below p=0.4 (transformers defaults)",
                             draft_source(20, "constant", 0.4, "transformers"),

@@ -282,15 +282,17 @@ class Candidate:
 
 
 def hybrid_candidate(k: int, prompt_lookup_k: int, cost_ratio: float, settings: HybridSettings,
-                     adaptive_threshold: float = 0.4, prefill_cost_ratio: float = 0.0) -> Candidate:
-    """The hybrid with `settings`, its draft replayed."""
+                     adaptive_threshold: float = 0.4, prefill_cost_ratio: float = 0.0,
+                     relative_target=None) -> Candidate:
+    """The hybrid with `settings`, its draft replayed (`relative_target`: verifying priced by it, as the line-up's)."""
     def make(forecast):
         return HybridCandidates(None, k, prompt_lookup_k, cost_ratio=cost_ratio, confidence_threshold=adaptive_threshold,
                                 draft=TeacherForcedDraft(forecast, k, "heuristic", adaptive_threshold),
                                 prior_acceptance=settings.prior_acceptance, extend_lookups=settings.extend_lookups,
-                                prefill_cost_ratio=prefill_cost_ratio)
-    return Candidate(f"hybrid (k from {k}, lookup k={prompt_lookup_k}; {settings.label()})",
-                     lineups.hybrid_source(k, prompt_lookup_k, settings, adaptive_threshold), make)
+                                prefill_cost_ratio=prefill_cost_ratio, relative_target=relative_target)
+    cut = relative_target is not None
+    return Candidate(f"hybrid (k from {k}, lookup k={prompt_lookup_k}; {settings.label()}){lineups.CUT_LABEL if cut else ''}",
+                     lineups.hybrid_source(k, prompt_lookup_k, settings, adaptive_threshold, cut), make)
 
 
 def hybrid_settings_grid(draft_agreement: float) -> list[HybridSettings]:
@@ -301,13 +303,15 @@ def hybrid_settings_grid(draft_agreement: float) -> list[HybridSettings]:
 
 
 def choose_hybrid(calibrations, costs: "Costs", k: int, prompt_lookup_k: int, cost_ratio: float,
-                  draft_agreement: float, adaptive_threshold: float = 0.4) -> tuple[HybridSettings, pd.DataFrame]:
+                  draft_agreement: float, adaptive_threshold: float = 0.4,
+                  cost_sized: bool = False) -> tuple[HybridSettings, pd.DataFrame]:
     """The hybrid's defaults: the settings with the highest predicted speedup, a geometric mean over
-    categories of each category's geometric mean over prompts (every kind of text counts alike)."""
+    categories of each category's geometric mean over prompts (every kind of text counts alike);
+    `cost_sized`: the hybrid priced by the measured T(n), as the line-up's."""
     records = []
     for settings in hybrid_settings_grid(draft_agreement):
         candidate = hybrid_candidate(k, prompt_lookup_k, cost_ratio, settings, adaptive_threshold,
-                                     costs.draft_prefill_ratio)
+                                     costs.draft_prefill_ratio, costs.relative_target if cost_sized else None)
         by_category = per_category(predict(calibrations, [candidate], costs))
         records.append({**asdict(settings), **dict(zip(by_category.category, by_category.predicted_speedup)),
                         "overall": metrics.geometric_mean(by_category.predicted_speedup)})
@@ -357,17 +361,19 @@ def size_tree(calibrations: Sequence[Calibration], costs: Costs, max_nodes: int,
 
 def tree_candidates(tree_shape: Sequence[tuple[int, int]] | None, prompt_lookup_k: int,
                     lookup_tree: TreeSettings | None, adaptive_threshold: float = 0.4, suffix_k: int = 0,
-                    suffix: SuffixSettings = SuffixSettings(), suffix_relative_target=None) -> list[Candidate]:
+                    suffix: SuffixSettings = SuffixSettings(), relative_target=None) -> list[Candidate]:
     """The token-tree sources the line-up runs: the picker's sized draft tree with the adaptive chain's
     confidence stop, replayed exactly (`TeacherForcedTree`), the prompt-lookup tree and our suffix-decoding
     tree, replayed as they run (no model: the replay is their run; the suffix tree keeps the calibration
-    prompts' answers in order, as the line-up's keeps its prompts'; cost-sized settings cut its proposals by
-    `suffix_relative_target`, the target's T(n) / T(1), as the line-up's)."""
+    prompts' answers in order, as the line-up's keeps its prompts'; given `relative_target`, the target's
+    T(n) / T(1), its proposals are cut by it, as the line-up's)."""
     listed = []
     if suffix_k:
         history = SuffixTrie(suffix.max_depth)
-        listed.append(Candidate(f"suffix tree ({suffix_k} nodes)", lineups.suffix_source(suffix_k, True, suffix),
-                                lambda f: SuffixCandidates(suffix_k, True, suffix, history, suffix_relative_target)))
+        cut = relative_target is not None
+        listed.append(Candidate(f"suffix tree ({suffix_k} nodes){lineups.CUT_LABEL if cut else ''}",
+                                lineups.suffix_source(suffix_k, True, suffix, cost_sized=cut),
+                                lambda f: SuffixCandidates(suffix_k, True, suffix, history, relative_target)))
     if tree_shape:
         listed.append(Candidate(f"draft tree ({len(tree_shape)} nodes)",
                                 lineups.sized_tree_source(tree_shape, adaptive_threshold),
@@ -382,20 +388,25 @@ def tree_candidates(tree_shape: Sequence[tuple[int, int]] | None, prompt_lookup_
 
 def candidates(k_values: Sequence[int], k: int, prompt_lookup_k: int, cost_ratio: float,
                hybrid_settings: HybridSettings, adaptive_threshold: float = 0.4,
-               prefill_cost_ratio: float = 0.0) -> list[Candidate]:
+               prefill_cost_ratio: float = 0.0, relative_target=None) -> list[Candidate]:
     """Every source the picker weighs: the draft at each constant k and with the adaptive schedule,
-    our prompt lookup, transformers' prompt lookup rule, and the hybrid with its chosen settings."""
+    our prompt lookup, transformers' prompt lookup rule, and the hybrid with its chosen settings (given
+    `relative_target`, the target's T(n) / T(1), our lookup and the hybrid cut and priced by it, as the
+    line-up's)."""
+    cut = relative_target is not None
     listed = [Candidate(f"draft k={kk}", lineups.draft_source(kk), lambda f, kk=kk: TeacherForcedDraft(f, kk))
               for kk in k_values]
     listed.append(Candidate(f"draft adaptive k from {k}", lineups.draft_source(k, "heuristic", adaptive_threshold),
                             lambda f: TeacherForcedDraft(f, k, "heuristic", adaptive_threshold)))
-    listed.append(Candidate(f"prompt lookup k={prompt_lookup_k}", lineups.prompt_lookup_source(prompt_lookup_k),
-                            lambda f: PromptLookupCandidates(prompt_lookup_k, max_ngram=lineups.PROMPT_LOOKUP_NGRAM)))
+    listed.append(Candidate(f"prompt lookup k={prompt_lookup_k}{lineups.CUT_LABEL if cut else ''}",
+                            lineups.prompt_lookup_source(prompt_lookup_k, cost_sized=cut),
+                            lambda f: PromptLookupCandidates(prompt_lookup_k, max_ngram=lineups.PROMPT_LOOKUP_NGRAM,
+                                                             relative_target=relative_target)))
     listed.append(Candidate(f"prompt lookup k={prompt_lookup_k} (transformers' rule)",
                             lineups.prompt_lookup_source(prompt_lookup_k, implementation="transformers"),
                             lambda f: FirstMatchLookup(prompt_lookup_k, lineups.TRANSFORMERS_PROMPT_LOOKUP_NGRAM)))
     listed.append(hybrid_candidate(k, prompt_lookup_k, cost_ratio, hybrid_settings, adaptive_threshold,
-                                   prefill_cost_ratio))
+                                   prefill_cost_ratio, relative_target))
     return listed
 
 

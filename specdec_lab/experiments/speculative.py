@@ -17,6 +17,7 @@ from specdec_lab.experiments.speculative_tables import (Picked, Tables, by_categ
                                                         per_category, picked_vs_measured, suffix_vs_peer,
                                                         the_draft_model_pair, tree_vs_chain)
 from specdec_lab.experiments.speculative_words import headline
+from specdec_lab.decoders.candidates import PromptLookupCandidates
 from specdec_lab.decoders.suffix import SuffixCandidates, SuffixTrie
 from specdec_lab.method import HybridSettings, SuffixSettings, TreeSettings, shape_label
 from specdec_lab.metrics import Speedup
@@ -152,17 +153,19 @@ def pick(params: dict, target: models.LoadedModel, draft: models.LoadedModel, c:
     costs = picker.measure_costs(target.model, c, max_n=max(params["max_new_tokens"], params["tree_nodes"] + 1),
                                  draft=draft.model if params["tree_nodes"] else None, max_draft_n=params["tree_nodes"],
                                  draft_prefill_ratio=prefill_ratio)
-    settings, grid = picker.choose_hybrid(calibrations, costs, params["k"], params["prompt_lookup_k"], c, agreement)
+    settings, grid = picker.choose_hybrid(calibrations, costs, params["k"], params["prompt_lookup_k"], c, agreement,
+                                          cost_sized=params["cost_sized"])
+    cut_by = costs.relative_target if params["cost_sized"] else None
     shape = tree_grid = None
     if params["tree_nodes"]:
         shape, tree_grid = picker.size_tree(calibrations, costs, params["tree_nodes"], tree_max_depth(params))
         print(f"draft picker: tree of {len(shape)} nodes sized from T(n) and per-rank acceptance "
               f"{[round(a, 3) for a in picker.rank_acceptance(calibrations)]}: {shape_label(shape)}")
     listed = [*picker.candidates(swept_k(params), params["k"], params["prompt_lookup_k"], c, settings,
-                                 prefill_cost_ratio=prefill_ratio),
+                                 prefill_cost_ratio=prefill_ratio, relative_target=cut_by),
               *picker.tree_candidates(shape, params["prompt_lookup_k"], lookup_tree(params),
                                       suffix_k=params["suffix_k"], suffix=suffix_settings(params),
-                                      suffix_relative_target=costs.relative_target)]
+                                      relative_target=cut_by)]
     table = picker.per_category(picker.predict(calibrations, listed, costs))
     print(f"draft picker: {len(prompts)} calibration prompts, draft agreement (teacher-forced) {agreement:.3f}, "
           f"hybrid settings {settings}")
@@ -182,12 +185,13 @@ def same_prompt_check(params: dict, picked: Picked, target: models.LoadedModel, 
     prompts = {p.id: p for p in prompts_of(params, params["num_prompts"])}
     calibrations = picker.calibrations_from_rows(ar_rows, prompts, target.tokenizer, draft.model,
                                                  target.model.config.vocab_size, params["max_new_tokens"])
+    cut_by = cost_curve(params, picked)
     listed = [*picker.candidates(swept_k(params), params["k"], params["prompt_lookup_k"],
                                  picked.costs.draft_cost_ratio, picked.hybrid_settings,
-                                 prefill_cost_ratio=picked.costs.draft_prefill_ratio),
+                                 prefill_cost_ratio=picked.costs.draft_prefill_ratio, relative_target=cut_by),
               *picker.tree_candidates(picked.tree_shape, params["prompt_lookup_k"], lookup_tree(params),
                                       suffix_k=params["suffix_k"], suffix=suffix_settings(params),
-                                      suffix_relative_target=picked.costs.relative_target)]
+                                      relative_target=cut_by)]
     return picker.per_category(picker.predict(calibrations, listed, picked.costs))
 
 
@@ -202,14 +206,20 @@ def lookup_tree(params: dict) -> TreeSettings | None:
 
 
 def suffix_settings(params: dict) -> SuffixSettings:
-    return SuffixSettings(spec_factor=float(params["suffix_spec_factor"]), cost_sized=params["suffix_cost_sized"])
+    return SuffixSettings(spec_factor=float(params["suffix_spec_factor"]))
+
+
+def cost_curve(params: dict, picked: Picked | None):
+    """The target's T(n) / T(1) our model-free sources (prompt lookup, the hybrid, suffix decoding) cut their
+    proposals by, with `cost_sized` (the picker's measured curve); None: uncut."""
+    return picked.costs.relative_target if params["cost_sized"] and picked is not None else None
 
 
 def trees(params: dict, picked: Picked | None) -> dict:
     """The line-up's token trees: the picker's draft tree, the prompt-lookup tree, and suffix decoding's
     (`suffix_k` nodes a step, 0: none; at most `suffix_spec_factor` x the match length), with its path
     (`suffix_path`) and arctic-inference's tree beside ours (`suffix_peer`) where `make arctic` has built it;
-    with `suffix_cost_sized`, every suffix proposal is cut to the nodes worth verifying at the picker's T(n)."""
+    with `cost_sized`, every suffix proposal is cut to the nodes worth verifying at the picker's T(n)."""
     peer = bool(params["suffix_peer"] and params["suffix_k"])
     if peer and not suffix.arctic_available():
         print(f"arctic-inference's suffix tree is not built here (`make arctic`, which `make reproduce` runs, builds "
@@ -218,7 +228,7 @@ def trees(params: dict, picked: Picked | None) -> dict:
     return {"tree_shape": picked.tree_shape if picked else None, "lookup_tree": lookup_tree(params),
             "suffix_k": params["suffix_k"], "suffix": suffix_settings(params),
             "suffix_path": params["suffix_path"], "suffix_peer": peer,
-            "suffix_relative_target": picked.costs.relative_target if picked else None}
+            "relative_target": cost_curve(params, picked)}
 
 
 def tree_config(picked: Picked | None) -> dict:
@@ -328,16 +338,17 @@ def markdown_trees(results_dir: str) -> str:
 SUFFIX_FACTORS = (1.0, 2.0, 4.0)  # vLLM's default spec factor, and more where a longer proposal is nearly free
 
 
-def suffix_replay(results_dir: str) -> pd.DataFrame:
-    """Suffix decoding replayed on the newest run's AR answers (no model runs: a model-free source's
-    acceptance on greedy text is exact), one row per (source, prompt): tokens per target forward, and the
-    decode speedup over AR that the run's measured T(n) predicts (the answer's tokens over the replayed
-    steps' forward costs, T(proposed + 1) / T(1) each; prefill and proposing left out). The sources: our
-    tree at each of `SUFFIX_FACTORS`; ours and arctic-inference's tree (where `make arctic` built it) at the
-    run's own settings, uncut and cut to the nodes worth verifying at that T(n); ours on the prompt alone.
-    Each keeps the answers of the prompts before, in the run's order. How the CPU profiles' spec factor was
-    chosen, what the earlier answers add, what the cut by T(n) gives and whether ours proposes what arctic's
-    does: `python -m specdec_lab.experiments.speculative results/cpu --suffix-replay`."""
+def model_free_replay(results_dir: str) -> pd.DataFrame:
+    """Suffix decoding and prompt lookup replayed on the newest run's AR answers (no model runs: a model-free
+    source's acceptance on greedy text is exact), one row per (source, prompt): tokens per target forward,
+    and the decode speedup over AR that the run's measured T(n) predicts (the answer's tokens over the
+    replayed steps' forward costs, T(proposed + 1) / T(1) each; prefill and proposing left out). The
+    sources: our suffix tree at each of `SUFFIX_FACTORS`; ours and arctic-inference's tree (where `make
+    arctic` built it) at the run's own settings, uncut and cut to the nodes worth verifying at that T(n);
+    ours on the prompt alone; our prompt lookup uncut and cut. Each suffix tree keeps the answers of the
+    prompts before, in the run's order. How the CPU profiles' spec factor was chosen, what the earlier
+    answers add, what the cut by T(n) gives and whether ours proposes what arctic's does:
+    `python -m specdec_lab.experiments.speculative results/cpu --replay`."""
     rows = newest_complete_rows(results_dir)
     config = rows.config.iloc[0]
     ar_rows = rows[(rows.decoder == lineups.TARGET_AR) & (rows.repeat == 0)].set_index("prompt_id")
@@ -345,25 +356,30 @@ def suffix_replay(results_dir: str) -> pd.DataFrame:
     tokenizer = models.load_tokenizer(config["target"])
     k = config.get("suffix_k") or 16
     uncut = SuffixSettings(spec_factor=float(config.get("suffix_spec_factor", 1.0)))
-    cut = replace(uncut, cost_sized=True)
     picked = Picked.from_json(json.loads(common.results_file(config, NOTEBOOK, "picker.json").read_text()))
     curve = picked.costs.relative_target  # the run's T(n) / T(1), measured by its picker
 
-    def ours(settings: SuffixSettings, history: SuffixTrie | None = None):
-        return lambda: SuffixCandidates(k, True, settings, history, curve)
+    def ours(settings: SuffixSettings, history: SuffixTrie | None = None, cut_by=None):
+        return lambda: SuffixCandidates(k, True, settings, history, cut_by)
+
+    def lookup(cut_by=None):
+        return lambda: PromptLookupCandidates(config["prompt_lookup_k"], max_ngram=lineups.PROMPT_LOOKUP_NGRAM,
+                                              relative_target=cut_by)
 
     # (label, a fresh source for one prompt); those that keep earlier answers share one history each
     sources = [*((f"ours, factor {factor:g}", ours(replace(uncut, spec_factor=factor), SuffixTrie(uncut.max_depth)))
                  for factor in SUFFIX_FACTORS),
-               (f"ours, factor {uncut.spec_factor:g}, cut by T(n)", ours(cut, SuffixTrie(uncut.max_depth))),
+               (f"ours, factor {uncut.spec_factor:g}{lineups.CUT_LABEL}", ours(uncut, SuffixTrie(uncut.max_depth), curve)),
                (f"ours, factor {uncut.spec_factor:g}, the prompt only", ours(uncut))]
     if suffix.arctic_available():
-        def arctic(settings: SuffixSettings):
+        def arctic(cut_by=None):
             cache = suffix.arctic_cache(uncut.max_depth)  # one history per source, as ours
-            return lambda: suffix.ArcticSuffixCandidates(cache, k, True, settings, curve)
+            return lambda: suffix.ArcticSuffixCandidates(cache, k, True, uncut, cut_by)
 
-        sources += [(f"arctic-inference, factor {uncut.spec_factor:g}", arctic(uncut)),
-                    (f"arctic-inference, factor {uncut.spec_factor:g}, cut by T(n)", arctic(cut))]
+        sources += [(f"arctic-inference, factor {uncut.spec_factor:g}", arctic()),
+                    (f"arctic-inference, factor {uncut.spec_factor:g}{lineups.CUT_LABEL}", arctic(curve))]
+    sources += [(f"prompt lookup k={config['prompt_lookup_k']} (ours)", lookup()),
+                (f"prompt lookup k={config['prompt_lookup_k']} (ours){lineups.CUT_LABEL}", lookup(curve))]
     records = []
     for label, make in sources:
         for prompt in prompts:
@@ -376,7 +392,7 @@ def suffix_replay(results_dir: str) -> pd.DataFrame:
     return pd.DataFrame(records)
 
 
-def suffix_replay_table(replayed: pd.DataFrame, value: str) -> pd.DataFrame:
+def replay_table(replayed: pd.DataFrame, value: str) -> pd.DataFrame:
     """One value of the replay per source and kind of text: the mean over prompts of tokens per forward, the
     geometric mean of the predicted speedups."""
     aggregate = "mean" if value == "tokens_per_target_forward" else metrics.geometric_mean
@@ -399,10 +415,10 @@ if __name__ == "__main__":
     folder = arguments[0] if arguments else "results/cpu"
     if "--trees" in sys.argv[1:]:
         print(markdown_trees(folder))
-    elif "--suffix-replay" in sys.argv[1:]:
-        replayed = suffix_replay(folder)
+    elif "--replay" in sys.argv[1:]:
+        replayed = model_free_replay(folder)
         for value in ("tokens_per_target_forward", "predicted_decode_speedup"):
-            table = suffix_replay_table(replayed, value)
+            table = replay_table(replayed, value)
             print(f"\n{value.replace('_', ' ')}:\n")
             print(words.markdown_table(table.reset_index(), {column: ".2f" for column in table.columns}))
     else:

@@ -43,6 +43,10 @@ HUB_IDS = {
 }
 
 
+NO_CUT = ("the proposals' cut to the tokens worth verifying at this machine's T(n) has no vLLM setting: vLLM proposes "
+          "up to num_speculative_tokens")
+
+
 def hub_id(model: str) -> str:
     """The name vLLM loads a model by: a zoo name's hub id; a hub id or a local folder as given."""
     return HUB_IDS.get(model, model)
@@ -62,7 +66,7 @@ def speculative_config(line, draft: str | None) -> tuple[dict | None, str | None
                                                       f"vLLM's own n-gram matching with k={source.k} fixed")
         if source.tree is not None:
             rule = "a lookup tree becomes one chain (vLLM's n-gram proposer has no trees)"
-        return config, rule
+        return config, "; ".join(filter(None, [rule, NO_CUT if source.cost_sized else None])) or None
     if source.kind == "draft model":
         if not draft:
             raise ValueError("the picker recommends the draft model, but the profile's 02 parameters name no draft")
@@ -84,9 +88,8 @@ def speculative_config(line, draft: str | None) -> tuple[dict | None, str | None
             notes.append("the suffix tree becomes its most frequent path (vLLM's suffix proposer drafts one path)")
         if settings.spec_offset:
             notes.append(f"spec_offset {settings.spec_offset} has no vLLM setting (vLLM: 0)")
-        if settings.cost_sized:
-            notes.append("the proposals' cut to the nodes worth verifying at this machine's T(n) has no vLLM setting: "
-                         "vLLM proposes up to num_speculative_tokens")
+        if source.cost_sized:
+            notes.append(NO_CUT)
         return config, "; ".join(notes) or None
     raise ValueError(f"no vLLM equivalent for a {source.kind!r} source: export the picker's best single source instead")
 
