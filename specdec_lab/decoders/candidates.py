@@ -143,9 +143,9 @@ class PromptLookupCandidates:
       per proposing step, after `min_tries` steps) proposes nothing: a plain AR step is cheaper
       than verifying tokens that will be rejected;
     - given the target's measured cost curve, `relative_target` (T(n) / T(1)), each proposal is cut to
-      the tokens worth verifying at that cost (`cost_model.nodes_worth_verifying`), token i counted as
-      accepted with alpha^i, alpha the kind's acceptance so far (`acceptance`); none at all where a plain
-      step is worth more. Where T(n) is flat (bf16 with AMX) this keeps the whole proposal; where it is
+      the tokens worth verifying at that cost (`cost_model.nodes_worth_verifying`), on the probability
+      that its first i tokens are accepted, as the kind's record so far gives it (`accepted_first`);
+      none at all where a plain step is worth more. Where T(n) is flat (bf16 with AMX) this keeps the whole proposal; where it is
       steep (AVX2 only, llama.cpp: T(2) = 1.5 T(1)) only what a kind's record pays for.
     """
 
@@ -172,7 +172,10 @@ class PromptLookupCandidates:
         self.lengths = [DraftLength(self.k, "heuristic") for _ in range(self.MATCH_KINDS)]
         self.steps = [0] * self.MATCH_KINDS  # proposing steps per kind of match
         self.accepted = [0] * self.MATCH_KINDS  # tokens accepted per kind of match
-        self.rejections = [0] * self.MATCH_KINDS  # steps per kind of match that kept less than they proposed
+        # per kind of match and position i: steps that proposed token i after accepting the i - 1 before it
+        # (`tried`), and of those, steps that accepted it (`kept`)
+        self.tried = [[0] * (2 * self.k) for _ in range(self.MATCH_KINDS)]
+        self.kept = [[0] * (2 * self.k) for _ in range(self.MATCH_KINDS)]
         self.kind = None  # the kind of match the last proposal came from
         self.ran_out = False  # the last proposal stopped at the sequence's end, short of its kind's length
 
@@ -200,25 +203,33 @@ class PromptLookupCandidates:
         self.kind = kind
         return Candidates(proposal)
 
-    def acceptance(self, kind: int) -> float:
-        """A kind of match's per-token acceptance so far, accepted / (accepted + rejections) (Leviathan's
-        i.i.d. model, as `cost_model.acceptance_alpha`), after one imagined step that accepted as many
-        tokens as the match is long, then rejected one: before any evidence a match of 1 token is trusted
-        at 1/2, one of 4 or more at 4/5."""
-        accepted = self.accepted[kind] + kind + 1
-        return accepted / (accepted + self.rejections[kind] + 1)
+    def accepted_first(self, kind: int, k: int) -> list[float]:
+        """P(the first i tokens of a proposal are accepted), i = 1..k, from a kind of match's record: the
+        product over positions j <= i of the share of steps that accepted token j when they had proposed it
+        after accepting the j - 1 before it. Position by position, not Leviathan's i.i.d. alpha^i: a match
+        tends to hold or fail whole (code copied from the prompt), which alpha^i underrates. Each share
+        starts from one imagined try accepted with probability L / (L + 1), L the match's length: before
+        any evidence a match of 1 token is trusted at 1/2 a position, one of 4 or more at 4/5."""
+        prior = (kind + 1) / (kind + 2)
+        tried, kept = self.tried[kind], self.kept[kind]
+        found, probability = [], 1.0
+        for position in range(k):
+            probability *= (kept[position] + prior) / (tried[position] + 1)
+            found.append(probability)
+        return found
 
     def worth_verifying(self, kind: int, k: int) -> int:
         """How many of a proposal's first k tokens are worth verifying at the target's cost (0: none)."""
-        alpha = self.acceptance(kind)
-        return nodes_worth_verifying([alpha ** i for i in range(1, k + 1)], self.verify_cost)
+        return nodes_worth_verifying(self.accepted_first(kind, k), self.verify_cost)
 
     def update(self, tokens, num_accepted, num_proposed) -> None:
         if self.kind is None or num_proposed == 0:
             return
         self.steps[self.kind] += 1
         self.accepted[self.kind] += num_accepted
-        self.rejections[self.kind] += num_accepted < num_proposed
+        for position in range(min(num_accepted + 1, num_proposed)):  # proposed after all before it were accepted
+            self.tried[self.kind][position] += 1
+            self.kept[self.kind][position] += position < num_accepted
         self.lengths[self.kind].update(num_accepted, num_proposed)
 
 
@@ -582,11 +593,10 @@ class HybridCandidates:
         counting one optimistic step that accepted as many tokens as the match is long. Without that step,
         one early rejection (the first token of an answer often matches the prompt's chat template) would
         rank a kind that then keeps matching below the draft for the rest of the text. With one: the
-        proposal's expected tokens at its kind's acceptance, over T(proposed + 1) / T(1)."""
+        proposal's expected tokens by its kind's record (`accepted_first`), over T(proposed + 1) / T(1)."""
         kind = self.lookup.kind
         if self.verify_cost is not None:
-            alpha = self.lookup.acceptance(kind)
-            return (1 + sum(alpha ** i for i in range(1, proposed + 1))) / cost_at(self.verify_cost, proposed + 1)
+            return (1 + sum(self.lookup.accepted_first(kind, proposed))) / cost_at(self.verify_cost, proposed + 1)
         optimistic = kind + 1  # the match's length
         return 1.0 + (self.lookup.accepted[kind] + optimistic) / (self.lookup.steps[kind] + 1)
 
