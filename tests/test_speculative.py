@@ -571,14 +571,17 @@ def test_hybrid_keeps_a_kind_of_match_after_one_early_rejection():
 
 def test_a_cost_sized_hybrid_prices_verification_by_the_measured_curve():
     """With T(n): the draft is worth its expected tokens over T(k + 1) / T(1) + k c, a lookup its expected
-    tokens over T(n + 1) / T(1) (here at its kind's prior, 0.8 a position). Catches the curve ignored (verifying taken as free) on either side, and a
-    lookup cut by cost extended by the draft as if its match had run out."""
-    curve = {1: 1.0, 2: 1.2, 4: 1.6, 6: 2.5, 9: 4.0}
+    tokens over T(n + 1) / T(1) (here at its kind's prior, 0.8 a position). Catches the curve ignored
+    (verifying taken as free) on either side, the draft's cost read off a table that stops at the lookup's
+    longest proposal, and a lookup cut by cost extended by the draft as if its match had run out."""
+    curve = {1: 1.0, 2: 1.2, 4: 1.6, 6: 2.5, 9: 4.0, 11: 5.0}
     free, priced = hybrid(prior_acceptance=0.6, cost_ratio=0.1), hybrid(prior_acceptance=0.6, cost_ratio=0.1,
                                                                         relative_target=curve)
     alpha = priced.draft_acceptance()
     assert priced.draft_speedup(3) == pytest.approx((1 + alpha + alpha ** 2 + alpha ** 3) / (1.6 + 0.3))
     assert free.draft_speedup(3) == pytest.approx((1 + alpha + alpha ** 2 + alpha ** 3) / 1.3)
+    # a draft grown past the lookup's longest proposal (2 x 4 tokens) is priced by the curve there too
+    assert priced.draft_speedup(9) == pytest.approx(sum(alpha ** i for i in range(10)) / (4.5 + 0.9))
     priced.propose(LONG_MATCH, 20, GREEDY, None)
     # of the 4 looked-up tokens, 3: 2.95 / T(4) = 1.84 beats 2.44 / T(3) = 1.74 and 3.36 / T(5) = 1.64
     assert priced.source == "prompt lookup" and priced.looked_up == 3

@@ -558,7 +558,10 @@ class HybridCandidates:
         self.draft = draft if draft is not None else DraftModelCandidates(draft_model, k, "heuristic",
                                                                            confidence_threshold)
         self.lookup = PromptLookupCandidates(prompt_lookup_k, relative_target=relative_target)
-        self.verify_cost = self.lookup.verify_cost  # T(n) / T(1) up to n = 2 prompt_lookup_k + 1, flat beyond; None: free
+        # T(n) / T(1) as measured, flat beyond its last n (the draft's k grows past the lookup's 2 prompt_lookup_k);
+        # None: verifying is taken as free
+        self.verify_cost = ({int(n): float(cost) for n, cost in dict(relative_target).items()}
+                            if relative_target is not None else None)
         self.cost_ratio, self.prior_acceptance, self.prior_tokens = cost_ratio, prior_acceptance, prior_tokens
         self.explore_every, self.extend_lookups = explore_every, extend_lookups
         self.prefill_cost_ratio = prefill_cost_ratio
