@@ -29,6 +29,8 @@ def expected_tokens_per_step(alpha: float, k: int) -> float:
 
 def cost_at(curve: Mapping[int, float], n: float) -> float:
     """T(n) (or T(n) / T(1)) from a curve n -> cost: linear between measured n, flat beyond its ends."""
+    if n in curve:  # a measured n (every n of a `verify_costs` table, read at each decode step): no interpolation
+        return float(curve[n])
     points = sorted((float(key), float(value)) for key, value in dict(curve).items())
     return float(np.interp(n, [key for key, _ in points], [value for _, value in points]))
 

@@ -170,10 +170,8 @@ class PromptLookupCandidates:
     def reset(self, vocab_size: int | None = None) -> None:
         self.forwards = 0
         self.lengths = [DraftLength(self.k, "heuristic") for _ in range(self.MATCH_KINDS)]
-        self.steps = [0] * self.MATCH_KINDS  # proposing steps per kind of match
-        self.accepted = [0] * self.MATCH_KINDS  # tokens accepted per kind of match
         # per kind of match and position i: steps that proposed token i after accepting the i - 1 before it
-        # (`tried`), and of those, steps that accepted it (`kept`)
+        # (`tried`), and of those, steps that accepted it (`kept`); every proposing step tries position 0
         self.tried = [[0] * (2 * self.k) for _ in range(self.MATCH_KINDS)]
         self.kept = [[0] * (2 * self.k) for _ in range(self.MATCH_KINDS)]
         self.kind = None  # the kind of match the last proposal came from
@@ -188,9 +186,8 @@ class PromptLookupCandidates:
         if follow_start is None:
             return Candidates([])
         kind = min(length, self.MATCH_KINDS) - 1
-        if (self.steps[kind] >= self.min_tries
-                and self.accepted[kind] < self.min_accepted_per_step * self.steps[kind]):
-            return Candidates([])  # matches of this kind keep being rejected: an AR step instead
+        if self.keeps_being_rejected(kind):
+            return Candidates([])  # an AR step instead
         proposal = tokens[follow_start:follow_start + min(self.lengths[kind].k, 2 * self.k, max_candidates)]
         # shorter than the kind's proposal length: the match reached the sequence's end (a draft may continue it)
         self.ran_out = len(proposal) < self.lengths[kind].k
@@ -202,6 +199,19 @@ class PromptLookupCandidates:
             return Candidates([])  # no token of this kind's proposals pays for its share of the forward
         self.kind = kind
         return Candidates(proposal)
+
+    def steps(self, kind: int) -> int:
+        """Proposing steps of a kind of match so far."""
+        return self.tried[kind][0]
+
+    def accepted(self, kind: int) -> int:
+        """Tokens a kind of match's proposals had accepted so far."""
+        return sum(self.kept[kind])
+
+    def keeps_being_rejected(self, kind: int) -> bool:
+        """Under `min_accepted_per_step` tokens accepted a step, after `min_tries` steps."""
+        steps = self.steps(kind)
+        return steps >= self.min_tries and self.accepted(kind) < self.min_accepted_per_step * steps
 
     def accepted_first(self, kind: int, k: int) -> list[float]:
         """P(the first i tokens of a proposal are accepted), i = 1..k, from a kind of match's record: the
@@ -225,8 +235,6 @@ class PromptLookupCandidates:
     def update(self, tokens, num_accepted, num_proposed) -> None:
         if self.kind is None or num_proposed == 0:
             return
-        self.steps[self.kind] += 1
-        self.accepted[self.kind] += num_accepted
         for position in range(min(num_accepted + 1, num_proposed)):  # proposed after all before it were accepted
             self.tried[self.kind][position] += 1
             self.kept[self.kind][position] += position < num_accepted
@@ -485,8 +493,7 @@ class PromptLookupTreeCandidates(PromptLookupCandidates):
         if not matches:
             return Candidates([])
         kind = min(matches[0][1], self.MATCH_KINDS) - 1
-        if (self.steps[kind] >= self.min_tries
-                and self.accepted[kind] < self.min_accepted_per_step * self.steps[kind]):
+        if self.keeps_being_rejected(kind):
             return Candidates([])
         self.kind = kind
         depth = min(self.lengths[kind].k, depth)
@@ -558,9 +565,9 @@ class HybridCandidates:
         self.draft = draft if draft is not None else DraftModelCandidates(draft_model, k, "heuristic",
                                                                            confidence_threshold)
         self.lookup = PromptLookupCandidates(prompt_lookup_k, relative_target=relative_target)
-        # T(n) / T(1) as measured, flat beyond its last n (the draft's k grows past the lookup's 2 prompt_lookup_k);
-        # None: verifying is taken as free
-        self.verify_cost = ({int(n): float(cost) for n, cost in dict(relative_target).items()}
+        # T(n) / T(1) up to the curve's last measured n, flat beyond (the draft's k grows past the lookup's
+        # 2 prompt_lookup_k); None: verifying is taken as free
+        self.verify_cost = (verify_costs(relative_target, int(max(dict(relative_target))))
                             if relative_target is not None else None)
         self.cost_ratio, self.prior_acceptance, self.prior_tokens = cost_ratio, prior_acceptance, prior_tokens
         self.explore_every, self.extend_lookups = explore_every, extend_lookups
@@ -601,7 +608,7 @@ class HybridCandidates:
         if self.verify_cost is not None:
             return (1 + sum(self.lookup.accepted_first(kind, proposed))) / cost_at(self.verify_cost, proposed + 1)
         optimistic = kind + 1  # the match's length
-        return 1.0 + (self.lookup.accepted[kind] + optimistic) / (self.lookup.steps[kind] + 1)
+        return 1.0 + (self.lookup.accepted(kind) + optimistic) / (self.lookup.steps(kind) + 1)
 
     def catch_up_cost(self, tokens) -> float:
         """Target steps the draft spends reading what it has not seen, beyond the 1-2 tokens of a step."""
