@@ -26,8 +26,9 @@ ROLES = (
     "parallel",  # Jacobi and lookahead decoding: the target guesses several of its own tokens a pass
     "lossy",  # returns another model's text in place of the target's (draft-then-score)
 )
-IMPLEMENTATIONS = ("ours", "transformers", "llama.cpp", "arctic-inference")  # whose decode loop (arctic-inference: whose suffix tree)
-ENGINES = ("transformers", "llama.cpp")  # whose forward passes and KV cache (decoders.backend)
+IMPLEMENTATIONS = ("ours", "transformers", "llama.cpp", "arctic-inference", "vllm")  # whose decode loop (arctic-inference: whose suffix tree)
+# whose forward passes and KV cache: the kit's decoders run on the first two (decoders.backend); vLLM runs its own loop
+ENGINES = ("transformers", "llama.cpp", "vllm")
 SOURCE_KINDS = ("draft model", "draft model, other tokenizer", "prompt lookup", "suffix", "hybrid", "lookahead", "jacobi")
 SCHEDULES = ("constant", "heuristic")  # draft-length schedules: k fixed, or transformers' +2 / -1 heuristic
 MATCH_RULES = ("longest", "latest", "first")  # which earlier occurrence prompt lookup continues

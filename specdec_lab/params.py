@@ -14,7 +14,7 @@ import yaml
 
 from specdec_lab import models
 from specdec_lab.cllm.constants import CONSISTENCY_KINDS, CONSISTENCY_TARGETS, MIXED_PRECISION
-from specdec_lab.decoders import lookahead
+from specdec_lab.decoders import lookahead, vllm_peer
 from specdec_lab.decoders.jacobi import INITS
 from specdec_lab.method import SCHEDULES
 from specdec_lab.models import quantize, zoo
@@ -100,6 +100,13 @@ def _prompt_set_list(name: str, value) -> str | None:
     if not isinstance(value, list) or not value:
         return f"{name} must be a non-empty list of prompt sets, got {value!r} (an empty prompt set measures nothing)"
     return next((p for p in (_prompt_set(name, v) for v in value) if p), None)
+
+
+def _subset_of(choices) -> Callable[[str, object], str | None]:
+    def check(name: str, value) -> str | None:
+        bad = [v for v in value if v not in choices] if isinstance(value, list) else [value]
+        return f"{name}: unknown value(s) {bad}: use a list of {list(choices)}" if bad else None
+    return check
 
 
 def _quantization_list(name: str, value) -> str | None:
@@ -245,6 +252,11 @@ RULES: dict[str, Callable[[str, object], str | None]] = {
     "engine_k": _positive_int,
     "engine_cost_curve_n": _cost_curve_n,
     "torch_path": _one_of(["auto", *sorted(models.DTYPES)]),  # auto: the fastest path measured on this CPU
+    # 03_quantized and 05_batch, the vLLM parts
+    "vllm_methods": _subset_of(vllm_peer.SPECULATIVE_METHODS),
+    "vllm_prompts": _positive_int,
+    "vllm_dtype": _one_of(["auto", *vllm_peer.DTYPES]),  # auto: bf16 where the CPU multiplies bf16 in hardware
+    "vllm_suffix_k": _positive_int,
 }
 
 
@@ -298,7 +310,8 @@ def problems(notebook: str, values: Mapping) -> list[str]:
             problem = RULES[name](name, value)
         if problem:
             found.append(problem)
-    return found + auto_dtype_problems(notebook, values) + tree_problems(values) + batch_problems(values)
+    return (found + auto_dtype_problems(notebook, values) + tree_problems(values) + batch_problems(values)
+            + vllm_problems(values))
 
 
 def tree_problems(values: Mapping) -> list[str]:
@@ -312,6 +325,23 @@ def tree_problems(values: Mapping) -> list[str]:
         found.append("cost_sized: true needs the draft picker, which measures the target's T(n) that prompt lookup's, "
                      "the hybrid's and suffix decoding's proposals are cut by: set picker_prompts >= 1, or "
                      "cost_sized: false")
+    return found
+
+
+def vllm_problems(values: Mapping) -> list[str]:
+    """03's vLLM part runs beside llama.cpp's AR loop, the baseline of its engines part, on that part's prompts;
+    vLLM's n-gram speculation proposes prompt_lookup_k tokens (03 and 05)."""
+    found = []
+    if values.get("vllm") and values.get("engines") is False:
+        found.append("vllm: true runs beside the engines part (its llama.cpp baseline, prompts and the kit's fastest "
+                     "configuration): set engines: true, or vllm: false")
+    prompts, engine_prompts = values.get("vllm_prompts"), values.get("engine_prompts")
+    if values.get("vllm") and isinstance(prompts, int) and isinstance(engine_prompts, int) and prompts > engine_prompts:
+        found.append(f"vllm_prompts = {prompts} exceeds engine_prompts = {engine_prompts}: vLLM runs on the first of the "
+                     "engines part's prompts, beside the kit's rows there; lower vllm_prompts or raise engine_prompts")
+    if values.get("vllm") and "ngram" in (values.get("vllm_methods") or []) and values.get("prompt_lookup_k") == 0:
+        found.append("vllm_methods: ngram proposes prompt_lookup_k tokens, which is 0: set prompt_lookup_k >= 1, or "
+                     "drop ngram from vllm_methods")
     return found
 
 

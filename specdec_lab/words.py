@@ -17,6 +17,8 @@ def interval(speedup: Speedup, unit: str = "x", compact: bool = False, prompts: 
     """'1.52x (95% CI 1.31-1.74, 10 prompts)'; in a table column that says what it holds (compact),
     '1.52 (1.31-1.74, 10 prompts)', or '1.52 (1.31-1.74)' beside a prompts column."""
     count = f", {speedup.prompts} prompt{'s' * (speedup.prompts != 1)}" if prompts else ""
+    if speedup.low != speedup.low:  # NaN: fewer than 2 prompts say nothing about the spread
+        return f"{speedup.value:.2f}{'' if compact else unit} ({speedup.prompts} prompt{'s' * (speedup.prompts != 1)}, no interval)"
     if compact:
         return f"{speedup.value:.2f} ({speedup.low:.2f}-{speedup.high:.2f}{count})"
     return f"{speedup.value:.2f}{unit} (95% CI {speedup.low:.2f}-{speedup.high:.2f}{count})"

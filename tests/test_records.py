@@ -87,7 +87,8 @@ def test_a_speedup_is_read_from_and_written_to_table_columns():
 
 def test_interval_words_and_markdown_tables():
     assert words.interval(Speedup(1.523, 1.31, 1.744, 10)) == "1.52x (95% CI 1.31-1.74, 10 prompts)"
-    assert words.interval(Speedup(0.9, float("nan"), float("nan"), 1)) == "0.90x (95% CI nan-nan, 1 prompt)"
+    assert words.interval(Speedup(0.9, float("nan"), float("nan"), 1)) == "0.90x (1 prompt, no interval)"
+    assert words.interval(Speedup(0.9, float("nan"), float("nan"), 1), compact=True) == "0.90 (1 prompt, no interval)"
     frame = pd.DataFrame({"method": ["a", "b"], "speedup": [Speedup(2.0, 1.5, 2.5, 3), 1.0],
                           "tokens/s": [12.345, float("nan")]})
     assert words.markdown_table(frame, {"tokens/s": ".1f", "speedup": ".2f"}).splitlines() == [

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import json
 import subprocess
+import time
+from pathlib import Path
 
 import pytest
 
@@ -38,6 +40,9 @@ def test_vllm_greedy_text_equals_the_kits_ar_on_the_same_weights(kit_ar):
             result = vllm_peer.generate(peer, ids, 24)
             assert result.tokens == ours, f"first difference at token {first_difference(result.tokens, ours)}"
             assert result.wall_time_s > 0 and result.extras["engine"] == "vllm"
+        batch = vllm_peer.generate_batch(peer, [ids for ids, _ in kit_ar], 24)  # notebook 05: one call, one batch
+        assert [result.tokens for result in batch] == [ours for _, ours in kit_ar]
+        assert len({result.extras["batch_wall_time_s"] for result in batch}) == 1
 
 
 @needs_vllm
@@ -85,6 +90,49 @@ def test_the_export_parses_with_vllms_own_speculative_config():
     done = subprocess.run([str(vllm_peer.python()), "-c", check], input=json.dumps(configs), capture_output=True,
                           text=True, timeout=300)
     assert done.stdout.strip().endswith("ok"), done.stderr[-2000:]
+
+
+def descendants(pid: int) -> set[int]:
+    """Every process below `pid` (children, their children, ...), from /proc."""
+    found, todo = set(), [pid]
+    while todo:
+        parent = todo.pop()
+        for status in Path("/proc").glob("[0-9]*/stat"):
+            try:
+                fields = status.read_text().rsplit(")", 1)[1].split()
+            except OSError:  # the process ended while we looked
+                continue
+            child = int(status.parent.name)
+            if int(fields[1]) == parent and child not in found:
+                found.add(child)
+                todo.append(child)
+    return found
+
+
+def alive(pid: int) -> bool:
+    """Running, not a zombie waiting for its parent."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+@needs_vllm
+def test_a_terminated_worker_takes_vllms_engine_process_with_it():
+    """vLLM runs its engine in a process of its own; left behind by a killed worker it kept polling at 70% of a
+    core, slowing every later measurement. A worker terminated (SIGTERM) exits the normal way, which shuts it down."""
+    peer = vllm_peer.VllmPeer(zoo.ensure(MODEL), dtype="float32")
+    try:
+        engine = descendants(peer.process.pid)
+        assert engine, "vLLM started no engine process"
+        peer.process.terminate()
+        peer.process.wait(timeout=60)
+        deadline = time.monotonic() + 60
+        while any(alive(pid) for pid in engine) and time.monotonic() < deadline:
+            time.sleep(0.5)
+        assert not any(alive(pid) for pid in engine), "vLLM's engine process outlived its worker"
+    finally:
+        peer.close()
 
 
 def test_without_its_environment_the_peer_says_how_to_install_it(monkeypatch, tmp_path):

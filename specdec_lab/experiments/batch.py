@@ -33,6 +33,7 @@ class Tables:
     cpu: str
     config: dict
     token_views: object = None  # the largest batch's first prompt, each method's text token by token
+    vllm: object = None  # vllm_engine.VllmBatchTables: vLLM's configurations beside the kit's batched AR (vllm: true)
 
 
 def run(params: dict) -> Tables:
@@ -68,6 +69,10 @@ def run(params: dict) -> Tables:
                     target.precision, cpu_model()["cpu_model"], params,
                     token_view.views_of_rows(rows[rows.batch_size == max(params["batch_sizes"])], target.tokenizer,
                                              title=f"What each method wrote at batch {max(params['batch_sizes'])}"))
+    if params["vllm"]:  # last: a vLLM engine and the kit's models share the memory
+        from specdec_lab.experiments import vllm_engine
+
+        tables.vllm = vllm_engine.run_batches(params, methods[0], prompts, target.tokenizer)
     # headline only: the summary ranks per-token speedups over prompts, and a batch's are throughput over batches
     outputs.write_headline(params["results_dir"], NOTEBOOK, batch_words.headline(tables))
     return tables

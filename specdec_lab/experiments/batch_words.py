@@ -145,3 +145,20 @@ def headline(tables) -> dict:
         numbers["batch size where the draft stops paying (predicted / measured decode only / with prefill)"] = (
             f"{shown['predicted']} / {shown['decode']} / {shown['measured']}")
     return numbers
+
+
+def vllm_findings(vllm) -> str:
+    """`vllm_engine.VllmBatchTables` in words: per batch size, vLLM's AR throughput against the kit's batched
+    AR, and whether each vLLM speculation pays over vLLM's own AR."""
+    lines = [f"vLLM ran the target's weights in {vllm.dtype}; each configuration in its own run beside the kit's "
+             "batched AR on the same batches."]
+    lines += [f"{line.configuration} could not run here: {line.error[:300]}" for line in vllm.errors.itertuples()]
+    for line in vllm.table[vllm.table.role == "target AR"].itertuples():
+        lines.append(f"b={line.batch_size}: {line.decoder} makes {line.throughput:.1f} tokens/s over the batch, "
+                     f"{_over(_speedup(line._asdict()), 'batch')} the kit's batched AR's throughput.")
+    for line in vllm.over_vllm_ar.itertuples():
+        speedup = _speedup(line._asdict(), "speedup_over_vllm_ar")
+        verdict = _verdict(speedup).replace("from AR", "from it")
+        lines.append(f"b={line.batch_size}: {line.decoder} makes {_over(speedup, 'batch')} vLLM's AR's throughput: "
+                     f"it {verdict}.")
+    return words.bullets(lines)

@@ -104,3 +104,56 @@ def differences_sentence(differences: pd.DataFrame, per_kind: pd.DataFrame, torc
             f"{first.ar_token}). A verify pass runs batched matrix kernels where AR runs one-row kernels (llama.cpp's "
             f"quantized blocks; {torch_path}); their sums round apart, so near-ties can flip." + peer +
             " In fp32, where both kernels agree, the decoders are exact (tests/test_engines.py, notebook 02's control).")
+
+
+# --- part 5: vLLM ----------------------------------------------------------------------------------------
+
+def vllm_sentences(tables) -> list[str]:
+    """`vllm_engine.VllmTables` in words: what ran, vLLM's AR and speculation over llama.cpp's AR and over
+    its own AR, whether its text kept vLLM's AR and the kit's, and the kit's fastest against vLLM's fastest."""
+    lines = [f"vLLM {tables.version} ran the target's weights in {tables.dtype} on {tables.cpu}; "
+             f"{len(tables.per_kind.decoder.unique())} configurations, each in its own run beside llama.cpp's AR."]
+    for line in tables.errors.itertuples():
+        lines.append(f"{line.configuration} could not run here ({line.speculative_config}): {line.error[:300]}")
+    for kind, group in tables.per_kind.groupby("category", sort=False):
+        parts = [f"{line.decoder} {interval(Speedup.from_line(line))}" for line in group.itertuples()]
+        lines.append(f"{kind}, over llama.cpp's AR: " + "; ".join(parts) + ".")
+    for name, group in tables.over_vllm_ar.groupby("decoder", sort=False):
+        parts = [f"{line.category} {interval(Speedup.from_line(line, 'speedup_over_vllm_ar'))}" for line in group.itertuples()]
+        lines.append(f"{name} over vLLM's AR (per prompt, the quotient of the two runs' ratios over llama.cpp's AR, so "
+                     "it carries both runs' drift): " + "; ".join(parts) + ".")
+    kept = tables.per_kind[tables.per_kind.agreement_with_vllm_ar < 0.999]
+    lines.append("Every speculative configuration of vLLM kept vLLM's AR text on every prompt." if kept.empty else
+                 f"{len(kept)} (kind, configuration) pairs parted from vLLM's AR text (lowest agreement "
+                 f"{kept.agreement_with_vllm_ar.min():.2f}, {kept.loc[kept.agreement_with_vllm_ar.idxmin()].decoder}).")
+    same, parted = tables.same_weights, tables.same_weights.dropna(subset=["position"])
+    line = (f"On the same weights ({tables.dtype}), vLLM's AR text equals the kit's AR text on {len(same) - len(parted)} of "
+            f"{len(same)} prompts")
+    if not parted.empty:
+        first = parted.sort_values("position").iloc[0]
+        line += (f"; the earliest parting, on {first.prompt_id}, is at generated token {int(first.position) + 1} (vLLM "
+                 f"{int(first.vllm_token)} where the kit has {int(first.kit_token)}): the two engines' kernels sum in "
+                 "another order, so a near-tie can flip (in fp32 on SmolLM2-135M the texts are equal, "
+                 "tests/test_vllm_peer.py)")
+    lines.append(line + f". vLLM's AR runs at {interval(tables.vllm_ar_over_kit_ar)} the kit's AR on those weights, "
+                        "per token, side by side.")
+    return lines
+
+
+def kit_versus_vllm_sentences(versus: pd.DataFrame) -> list[str]:
+    """Per kind: the kit's fastest lossless configuration against vLLM's fastest speculation, both over
+    llama.cpp's AR on the same prompts."""
+    lines = []
+    for line in versus.itertuples():
+        kit = Speedup(line.kit_speedup, line.kit_speedup_low, line.kit_speedup_high, int(line.kit_prompts), GEOMETRIC_MEAN)
+        if line.vllm is None:
+            lines.append(f"{line.category}: the kit's {line.kit} runs at {interval(kit)} over llama.cpp's AR; no "
+                         "speculation of vLLM ran here.")
+            continue
+        theirs = Speedup(line.vllm_speedup, line.vllm_speedup_low, line.vllm_speedup_high, int(line.vllm_prompts),
+                         GEOMETRIC_MEAN)
+        verdict = "at least as fast as" if line.kit_over_vllm >= 1 else "slower than"
+        lines.append(f"{line.category}: the kit's {line.kit}, {interval(kit)} over llama.cpp's AR, is {verdict} "
+                     f"vLLM's fastest speculation, {line.vllm}, {interval(theirs)} ({line.kit_over_vllm:.2f}x of it; "
+                     f"vLLM's AR: {line.vllm_ar_speedup:.2f}x).")
+    return lines

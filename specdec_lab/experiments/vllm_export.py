@@ -29,7 +29,7 @@ from collections.abc import Mapping
 import pandas as pd
 
 from specdec_lab import params as parameters
-from specdec_lab.method import source_from_columns
+from specdec_lab.method import CandidateSource, SuffixSettings, source_from_columns
 from specdec_lab.runs import paths
 
 NOTEBOOK = "02_speculative"
@@ -59,18 +59,25 @@ def speculative_config(line, draft: str | None) -> tuple[dict | None, str | None
     if source is None or not float(line["predicted_speedup"]) > 1.0:
         return None, (f"no source is predicted to beat AR on this kind here (best: {line['source']}, "
                       f"{float(line['predicted_speedup']):.2f}x): serve without speculation")
+    return config_of(source, hub_id(draft) if draft else None)
+
+
+def config_of(source: CandidateSource, draft: str | None) -> tuple[dict, str | None]:
+    """(vLLM's speculative_config for a candidate source, what of the source it approximates or None). `draft`:
+    the draft model as vLLM loads it (a hub id or a local folder). Notebook 03 runs vLLM's own sources through it,
+    the export the kit's."""
     if source.kind == "prompt lookup":
         config = {"method": "ngram", "num_speculative_tokens": source.k,
                   "prompt_lookup_max": source.max_ngram or 3, "prompt_lookup_min": 1}
-        rule = None if source.match == "latest" else (f"the kit's {source.match}-match rule and adaptive length become "
-                                                      f"vLLM's own n-gram matching with k={source.k} fixed")
+        rule = None if source.match in (None, "latest") else (f"the kit's {source.match}-match rule and adaptive length "
+                                                              f"become vLLM's own n-gram matching with k={source.k} fixed")
         if source.tree is not None:
             rule = "a lookup tree becomes one chain (vLLM's n-gram proposer has no trees)"
         return config, "; ".join(filter(None, [rule, NO_CUT if source.cost_sized else None])) or None
     if source.kind == "draft model":
         if not draft:
-            raise ValueError("the picker recommends the draft model, but the profile's 02 parameters name no draft")
-        config = {"method": "draft_model", "model": hub_id(draft), "num_speculative_tokens": source.k}
+            raise ValueError("a draft-model source needs the draft model: the profile's parameters name no draft")
+        config = {"method": "draft_model", "model": draft, "num_speculative_tokens": source.k}
         notes = []
         if source.schedule == "heuristic":
             notes.append(f"the adaptive draft length starts at k={source.k}; vLLM keeps it fixed")
@@ -78,7 +85,7 @@ def speculative_config(line, draft: str | None) -> tuple[dict | None, str | None
             notes.append("the draft tree becomes a chain as deep as the tree (vLLM's tree attention serves EAGLE heads)")
         return config, "; ".join(notes) or None
     if source.kind == "suffix":
-        settings = source.suffix
+        settings = source.suffix or SuffixSettings()
         config = {"method": "suffix", "num_speculative_tokens": source.k,
                   "suffix_decoding_max_tree_depth": settings.max_depth,
                   "suffix_decoding_max_spec_factor": settings.spec_factor,
