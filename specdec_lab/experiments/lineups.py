@@ -258,29 +258,21 @@ def llama_cpp_prompt_lookup(engine: llama_cpp_peer.LlamaCppPeer, like: LoadedMod
                         name=f"llama.cpp prompt lookup k={engine.prompt_lookup_tokens} (GGUF as is)")
 
 
-def vllm(engine: vllm_peer.StartedOnFirstUse, source: CandidateSource | None, max_new_tokens: int, name: str) -> Method:
+def vllm(engine: vllm_peer.StartedOnFirstUse, source: CandidateSource | None, max_new_tokens: int, name: str,
+         batched: bool = False) -> Method:
     """vLLM's greedy decoding of the target's own weights (bf16, or widened to fp32), with its speculation
-    `source` as the engine was loaded with it (None: AR). Declared lossless: the weights are the unquantized
-    target's, and vLLM's speculation keeps greedy text in exact arithmetic (its tests check both in fp32)."""
+    `source` as the engine was loaded with it (None: AR); `batched` (notebook 05): `decode([prompt_ids, ...])`
+    decodes the batch in one vLLM call. Declared lossless: the weights are the unquantized target's, and
+    vLLM's speculation keeps greedy text in exact arithmetic (its tests check both in fp32)."""
     if source is not None and source.implementation != "vllm":
         raise ValueError(f"a vLLM method runs vLLM's own speculation: its source's implementation must be 'vllm', "
                          f"got {source.implementation!r}")
-
-    def decode(prompt_ids):
-        return vllm_peer.generate(engine, prompt_ids, max_new_tokens)
-    return Method(name, decode, lossless=True, role="target AR" if source is None else "speculative",
-                  implementation="vllm", source=source, engine="vllm")
-
-
-def vllm_batched(engine: vllm_peer.StartedOnFirstUse, source: CandidateSource | None, max_new_tokens: int,
-                 name: str) -> Method:
-    """`vllm` for notebook 05: `decode([prompt_ids, ...])` decodes the batch in one vLLM call."""
-    single = vllm(engine, source, max_new_tokens, name)
+    generate = vllm_peer.generate_batch if batched else vllm_peer.generate
 
     def decode(prompts):
-        return vllm_peer.generate_batch(engine, prompts, max_new_tokens)
-    return Method(name, decode, lossless=single.lossless, role=single.role, implementation="vllm", source=source,
-                  engine="vllm")
+        return generate(engine, prompts, max_new_tokens)
+    return Method(name, decode, lossless=True, role="target AR" if source is None else "speculative",
+                  implementation="vllm", source=source, engine="vllm")
 
 
 def draft_then_score_method(target: LoadedModel, draft: LoadedModel, max_new_tokens: int,

@@ -40,6 +40,7 @@ from specdec_lab.models.cpu_kernels import has_bf16_dot_products
 from specdec_lab.quality import common_prefix_length
 from specdec_lab.runs import bench
 
+
 @dataclass
 class VllmTables:
     rows: pd.DataFrame  # every generation, each with its configuration's run in `vllm_run`
@@ -313,7 +314,7 @@ def run_batches(params: dict, kit_ar: Method, prompts, tokenizer) -> VllmBatchTa
     dtype = vllm_dtype(params["vllm_dtype"])
 
     def benchmark(name: str, source: CandidateSource | None, engine) -> pd.DataFrame:
-        method = lineups.vllm_batched(engine, source, params["max_new_tokens"], method_name(source, dtype))
+        method = lineups.vllm(engine, source, params["max_new_tokens"], method_name(source, dtype), batched=True)
         return bench.run_batches([kit_ar, method], prompts, tokenizer,
                                  out=common.results_file(params, "05_batch", "vllm.jsonl"),
                                  batch_sizes=params["batch_sizes"], repeats=params["repeats"], warmup=params["warmup"],
