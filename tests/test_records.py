@@ -10,8 +10,8 @@ import pytest
 
 from specdec_lab import metrics, words
 from specdec_lab.experiments import lineups
-from specdec_lab.method import (CandidateSource, HybridSettings, LookaheadConfig, Method, Weights, source_columns,
-                                source_from_columns)
+from specdec_lab.method import (CandidateSource, HybridSettings, LookaheadConfig, Method, SuffixSettings, Weights,
+                                source_columns, source_from_columns)
 from specdec_lab.metrics import Speedup
 from specdec_lab.runs import bench
 
@@ -21,6 +21,8 @@ from specdec_lab.runs import bench
     lineups.prompt_lookup_source(10), lineups.prompt_lookup_source(10, "latest"),
     lineups.prompt_lookup_source(10, implementation="transformers"),
     lineups.hybrid_source(5, 10, HybridSettings(0.3, False)),
+    lineups.hybrid_source(5, 10, HybridSettings(0.9, True), cost_sized=True, suffix_k=16,
+                          suffix=SuffixSettings(spec_factor=4.0)),
     CandidateSource("lookahead", lookahead=LookaheadConfig(5, 3, pool_from_prompt=True)),
     CandidateSource("jacobi", block_size=16, init="prompt_tokens")])
 def test_a_source_survives_the_round_trip_through_a_frame(source):
@@ -36,6 +38,8 @@ def test_sources_that_propose_differently_are_different_records():
     and transformers', would be joined to each other's measurements."""
     assert lineups.hybrid_source(5, 10, HybridSettings(0.6, True)) != lineups.hybrid_source(5, 10, HybridSettings(0.3, True))
     assert lineups.prompt_lookup_source(10) != lineups.prompt_lookup_source(10, implementation="transformers")
+    # the hybrid with suffix decoding in prompt lookup's place is another source
+    assert lineups.hybrid_source(5, 10, HybridSettings()) != lineups.hybrid_source(5, 10, HybridSettings(), suffix_k=16)
     assert lineups.draft_source(5, "heuristic", 0.4) != lineups.draft_source(5, "heuristic", 0.0)
 
 

@@ -6,10 +6,13 @@ from collections import Counter
 import pytest
 import torch
 
+from specdec_lab import cost_model
 from specdec_lab.decoders import autoregressive, common, speculative, trees
 from specdec_lab.decoders.candidates import (Candidates, DraftLength, DraftModelCandidates, DraftTreeCandidates, HybridCandidates,
                                             PromptLookupCandidates, PromptLookupTreeCandidates)
 from specdec_lab.decoders.backend import open_sequence
+from specdec_lab.decoders.suffix import SuffixCandidates, SuffixTrie
+from specdec_lab.method import SuffixSettings
 from specdec_lab.models import check_same_tokenizer
 from specdec_lab.sampling import GREEDY, Sampling, probabilities
 from tiny import PROMPT, copy_llama, tiny_llama
@@ -621,6 +624,67 @@ def test_hybrid_charges_the_drafts_prefill_against_the_tokens_left():
     for candidates in (free, charged):
         assert speculative.generate(TARGET, candidates, long_prompt, 12, stop_ids=[]).tokens == expected
     assert "draft model" in free.sources and not any("draft" in source for source in charged.sources)
+
+
+def suffix_hybrid(draft=DRAFT, history=None, **kwargs):
+    """The hybrid with our suffix tree (8 nodes, vLLM's rules but factor 4) in prompt lookup's place."""
+    settings = SuffixSettings(spec_factor=4.0)
+    return hybrid(draft, suffix=SuffixCandidates(8, True, settings, history or SuffixTrie(settings.max_depth)),
+                  **kwargs)
+
+
+class SuffixReadsEveryToken(HybridCandidates):
+    """After every step, the suffix trees hold the whole sequence, whoever proposed."""
+
+    def update(self, tokens, num_accepted, num_proposed):
+        super().update(tokens, num_accepted, num_proposed)
+        assert self.suffix.read == len(tokens), (self.suffix.read, len(tokens))
+
+
+def test_a_hybrid_with_suffix_decoding_is_lossless_and_uses_every_source():
+    """Suffix decoding in prompt lookup's place: still AR's tokens, its trees verified, the draft between them.
+    Catches a suffix tree proposed as a chain (a sibling taken for a child), and trees that read only the
+    tokens of the steps they proposed (later matches then miss what the draft or a plain step added)."""
+    repetitive = PROMPT + [3, 4] + PROMPT[1:] + [12, 13]
+    expected = autoregressive.generate(TARGET, repetitive, 40, stop_ids=[]).tokens
+    settings = SuffixSettings(spec_factor=4.0)
+    for draft in (DRAFT, TARGET):
+        candidates = SuffixReadsEveryToken(draft, k=3, prompt_lookup_k=4, prior_acceptance=0.9, cost_ratio=0.2,
+                                           suffix=SuffixCandidates(8, True, settings, SuffixTrie(settings.max_depth)))
+        result = speculative.generate(TARGET, candidates, repetitive, 40, stop_ids=[])
+        assert result.tokens == expected
+    assert {"suffix decoding", "draft model"} <= set(candidates.sources)
+    assert "prompt lookup" not in candidates.sources
+
+
+@torch.inference_mode()
+def test_a_hybrid_with_suffix_decoding_proposes_from_an_earlier_answer():
+    """The end of the sequence occurs only in an answer given before, to another prompt: prompt lookup has nothing,
+    the suffix tree proposes what followed there. Catches the hybrid's suffix source without the method's history."""
+    settings = SuffixSettings(spec_factor=4.0)
+    history = SuffixTrie(settings.max_depth)
+    history.extend("an earlier prompt", [60, 61, 62, 63, 64, 65])
+    candidates = suffix_hybrid(history=history, prior_acceptance=0.1, cost_ratio=0.9)
+    proposal = candidates.propose([40, 41, 60, 61], 10, GREEDY, None)
+    assert candidates.source == "suffix decoding"
+    assert proposal.token_ids[:4] == [62, 63, 64, 65] and proposal.origins == ["suffix decoding"] * len(proposal.token_ids)
+    assert hybrid(prior_acceptance=0.1, cost_ratio=0.9).propose([40, 41, 60, 61], 10, GREEDY, None).token_ids == []
+
+
+def test_a_cost_sized_hybrid_prices_a_suffix_proposal_by_its_nodes_probabilities():
+    """Worth 1 + the proposal's expected accepted tokens over T(n + 1) / T(1): catches the curve ignored, and the
+    gain read off prompt lookup's record when the suffix tree proposed."""
+    curve = {1: 1.0, 2: 1.2, 4: 1.6, 6: 2.5, 9: 4.0, 11: 5.0}
+    settings = SuffixSettings(spec_factor=4.0)
+    candidates = hybrid(prior_acceptance=0.1, cost_ratio=0.9, relative_target=curve,
+                        suffix=SuffixCandidates(8, True, settings, SuffixTrie(settings.max_depth), curve))
+    with torch.inference_mode():
+        proposal = candidates.propose(LONG_MATCH, 20, GREEDY, None)
+    n = len(proposal.token_ids)
+    assert candidates.source == "suffix decoding" and n == candidates.looked_up > 0
+    assert candidates.suffix.expected > 0
+    expected_gain = (1 + candidates.suffix.expected) / cost_model.cost_at(cost_model.verify_costs(curve, max(curve)), n + 1)
+    assert candidates.suffix_gain(n) == pytest.approx(expected_gain)
 
 
 class CheckedHybrid(HybridCandidates):

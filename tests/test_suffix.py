@@ -15,7 +15,9 @@ from specdec_lab.cost_model import nodes_worth_verifying
 from specdec_lab.decoders.suffix import (ArcticSuffixCandidates, SuffixCandidates, SuffixTrie, Speculation,
                                          arctic_available, arctic_cache, merged)
 from specdec_lab.decoders.trees import tree_problem
-from specdec_lab.method import SuffixSettings
+from specdec_lab.experiments import lineups
+from specdec_lab.method import HybridSettings, SuffixSettings
+from specdec_lab.models import LoadedModel
 from specdec_lab.sampling import GREEDY
 
 needs_arctic = pytest.mark.skipif(not arctic_available(),
@@ -227,3 +229,23 @@ def test_cost_sized_suffix_decoding_equals_ar():
 def test_bad_suffix_settings_are_refused(make, problem):
     with pytest.raises(ValueError, match=problem):
         make()
+
+
+def test_the_line_ups_hybrid_keeps_its_earlier_answers_from_call_to_call():
+    """The hybrid with suffix decoding in prompt lookup's place, as the line-up builds it: a prompt that continues
+    the answer of an earlier call has that answer proposed. Catches a method that builds a new history for every
+    call (the suffix trees would then hold the request alone)."""
+    model = tiny_llama(0, **SMALL)
+    target = LoadedModel("tiny", model, None, None)
+    draft = LoadedModel("tiny draft", tiny_llama(1, layers=1), None, None)
+
+    def method():  # a draft too slow to ever pay: every proposal is the suffix trees'
+        return lineups.hybrid(target, draft, 3, 4, 26, cost_ratio=0.99, settings=HybridSettings(0.1, False),
+                              suffix_k=8, suffix=SuffixSettings(max_depth=8, spec_factor=4.0))
+    reused = method()
+    first = reused.decode(PROMPT)
+    other = [*PROMPT, *first.tokens[:4]]
+    alone, helped = method().decode(other), reused.decode(other)
+    assert helped.tokens == alone.tokens == autoregressive.generate(model, other, 26).tokens
+    assert sum(helped.accepted_per_step) > sum(alone.accepted_per_step)
+    assert reused.source.suffix == SuffixSettings(max_depth=8, spec_factor=4.0) and reused.source.kind == "hybrid"

@@ -20,7 +20,7 @@ from specdec_lab.decoders.trees import ancestors, depths, level_order, tree_prob
 from specdec_lab.cost_model import (cost_at, expected_tokens_per_step, nodes_worth_verifying, predicted_speedup,
                                     verify_costs)
 from specdec_lab.method import SCHEDULES, HybridSettings
-from specdec_lab.result import DRAFT_MODEL, PROMPT_LOOKUP
+from specdec_lab.result import DRAFT_MODEL, PROMPT_LOOKUP, SUFFIX
 from specdec_lab.sampling import Sampling, probabilities, sample
 
 
@@ -526,6 +526,9 @@ class HybridCandidates:
       (`extend_lookups=False` turns this off);
     - **the draft model**, while Leviathan's expected speedup at the draft's acceptance so far
       (a prior of `prior_acceptance` over `prior_tokens` tokens, then counted) exceeds 1;
+    - **suffix decoding** in prompt lookup's place, where it is given one (`suffix`): its trees match the
+      request's own text and the answers given earlier, and its proposal (a tree, never continued by the
+      draft) is expected to give 1 + its nodes' estimated probabilities;
     - **nothing**, a plain AR step, when neither is expected to pay. Every `explore_every` steps
       without drafting, the draft is tried once, so a drift of the text is noticed.
 
@@ -553,7 +556,7 @@ class HybridCandidates:
                  prior_acceptance: float = HybridSettings.prior_acceptance, prior_tokens: int = 10,
                  explore_every: int = 8, confidence_threshold: float = 0.4,
                  extend_lookups: bool = HybridSettings.extend_lookups, draft=None, prefill_cost_ratio: float = 0.0,
-                 relative_target=None):
+                 relative_target=None, suffix=None):
         if not 0 < cost_ratio:
             raise ValueError(f"cost_ratio (draft step / target step) must be > 0, got {cost_ratio}")
         if not prefill_cost_ratio >= 0:
@@ -565,6 +568,9 @@ class HybridCandidates:
         self.draft = draft if draft is not None else DraftModelCandidates(draft_model, k, "heuristic",
                                                                            confidence_threshold)
         self.lookup = PromptLookupCandidates(prompt_lookup_k, relative_target=relative_target)
+        # `suffix`: a suffix-decoding source (`decoders.suffix.SuffixCandidates`) that proposes in the lookup's place:
+        # its trees match the request's own text, as the lookup does, and the answers given earlier in the process
+        self.suffix = suffix
         # T(n) / T(1) up to the curve's last measured n, flat beyond (the draft's k grows past the lookup's
         # 2 prompt_lookup_k); None: verifying is taken as free
         self.verify_cost = (verify_costs(relative_target, int(max(dict(relative_target))))
@@ -577,6 +583,8 @@ class HybridCandidates:
     def reset(self, vocab_size: int | None) -> None:
         self.draft.reset(vocab_size)
         self.lookup.reset(vocab_size)
+        if self.suffix is not None:
+            self.suffix.reset(vocab_size)
         self.draft_accepted, self.draft_proposed = 0, 0
         self.steps_without_draft = 0
         self.draft_seen = 0  # tokens the draft has read (its cache, or its replay's stand-in)
@@ -610,6 +618,21 @@ class HybridCandidates:
         optimistic = kind + 1  # the match's length
         return 1.0 + (self.lookup.accepted(kind) + optimistic) / (self.lookup.steps(kind) + 1)
 
+    def suffix_gain(self, proposed: int) -> float:
+        """Expected tokens of the last suffix proposal (`proposed` nodes) per target step: 1 + its nodes'
+        estimated probabilities (the suffix trees' counts), over T(proposed + 1) / T(1) given a cost curve."""
+        verify = cost_at(self.verify_cost, proposed + 1) if self.verify_cost is not None else 1.0
+        return (1 + self.suffix.expected) / verify
+
+    def model_free(self, tokens, max_candidates, sampling, rng) -> tuple[Candidates, float, str]:
+        """The model-free proposal (prompt lookup's, or the suffix trees'), its expected tokens per target step,
+        and the origin its tokens are labelled with."""
+        if self.suffix is not None:
+            found = self.suffix.propose(tokens, max_candidates, sampling, rng)
+            return found, self.suffix_gain(len(found.token_ids)) if found.token_ids else 0.0, SUFFIX
+        found = self.lookup.propose(tokens, max_candidates, sampling, rng)
+        return found, self.lookup_gain(len(found.token_ids)) if found.token_ids else 0.0, PROMPT_LOOKUP
+
     def catch_up_cost(self, tokens) -> float:
         """Target steps the draft spends reading what it has not seen, beyond the 1-2 tokens of a step."""
         return self.prefill_cost_ratio * max(0, len(tokens) - self.draft_seen - 2)
@@ -623,21 +646,23 @@ class HybridCandidates:
         self.source, self.looked_up = "nothing", 0
         if max_candidates < 1:
             return self._chosen(Candidates([]))
-        looked_up = self.lookup.propose(tokens, max_candidates, sampling, rng).token_ids
+        found, gain, origin = self.model_free(tokens, max_candidates, sampling, rng)
         draft_k = min(self.draft.length.k, max_candidates)
         draft_speedup = self.draft_speedup(draft_k)
         # exploring is cheap only while the draft has (nearly) caught up: no prefill is spent on a probe
         explore = self.steps_without_draft >= self.explore_every and self.catch_up_cost(tokens) <= self.cost_ratio
         pays = self.drafting_pays(tokens, max_candidates + 1, draft_speedup)
-        if looked_up and self.lookup_gain(len(looked_up)) >= max(draft_speedup if pays else 1.0, 1.0):
-            self.source, self.looked_up = "prompt lookup", len(looked_up)
+        if found.token_ids and gain >= max(draft_speedup if pays else 1.0, 1.0):
+            looked_up = found.token_ids
+            self.source, self.looked_up = origin, len(looked_up)
             room = max_candidates - len(looked_up)
-            if self.extend_lookups and room > 0 and self.lookup.ran_out and (pays or explore):
+            # only a lookup's chain is continued: a suffix proposal is a tree, and the draft continues one path
+            if origin == PROMPT_LOOKUP and self.extend_lookups and room > 0 and self.lookup.ran_out and (pays or explore):
                 self.source = "prompt lookup + draft model"
                 drafted = self.draft.propose(list(tokens) + looked_up, room, sampling, rng)
                 self._seen(len(tokens) + len(looked_up), drafted)
                 return self._chosen(self._joined(looked_up, drafted, sampling))
-            return self._chosen(Candidates(looked_up, origins=[PROMPT_LOOKUP] * len(looked_up)))
+            return self._chosen(replace(found, origins=[origin] * len(looked_up)))
         if pays or explore:
             self.source = "draft model"
             drafted = self.draft.propose(tokens, max_candidates, sampling, rng)
@@ -670,6 +695,8 @@ class HybridCandidates:
     def update(self, tokens, num_accepted, num_proposed) -> None:
         self.draft.update(tokens, 0, 0)  # the draft's cache back to the accepted prefix, whoever proposed
         self.draft_seen = min(self.draft_seen, len(tokens) - 1)
+        if self.suffix is not None:  # its trees read every token, whoever proposed it
+            self.suffix.update(tokens, num_accepted, num_proposed)
         if self.source in ("prompt lookup", "prompt lookup + draft model"):
             self.lookup.update(tokens, min(num_accepted, self.looked_up), self.looked_up)
         drafted = num_proposed - self.looked_up

@@ -214,6 +214,7 @@ class SuffixCandidates:
         self.request = None  # the prompt's tokens, once the first proposal has read them
         self.local = SuffixTrie(self.settings.max_depth)
         self.read = 0  # tokens of the sequence already in the trees
+        self.expected = 0.0  # the last proposal's expected accepted tokens, by the trees' counts (the hybrid weighs it)
 
     def propose(self, tokens, max_candidates, sampling, rng) -> Candidates:
         if self.request is None:
@@ -222,6 +223,7 @@ class SuffixCandidates:
             self.local.extend(0, tokens)
             self.read = len(tokens)
         budget = min(self.k, max_candidates)
+        self.expected = 0.0
         if budget < 1:
             return Candidates([])
         context = list(tokens[-self.settings.max_depth:])
@@ -232,6 +234,8 @@ class SuffixCandidates:
         if self.verify_cost is not None:
             own, earlier = sized(own, self.verify_cost), sized(earlier, self.verify_cost)
             budget = max(len(own.token_ids), len(earlier.token_ids))  # the merged tree: no larger than either's worth
+        # the proposal of higher score is proposed whole; the other's nodes added to a tree are not counted
+        self.expected = max(own.score, earlier.score)
         if not self.tree:
             best = own if own.score >= earlier.score else earlier
             return Candidates(best.token_ids)

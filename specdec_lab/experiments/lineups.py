@@ -85,9 +85,22 @@ def prompt_lookup_source(k: int, match: str = "longest", implementation: str = "
 
 
 def hybrid_source(k: int, prompt_lookup_k: int, settings: HybridSettings = HybridSettings(),
-                  adaptive_threshold: float = 0.4, cost_sized: bool = False) -> CandidateSource:
+                  adaptive_threshold: float = 0.4, cost_sized: bool = False, suffix_k: int = 0,
+                  suffix: SuffixSettings | None = None) -> CandidateSource:
+    """The hybrid: the draft (adaptive k from `k`) or, model-free, prompt lookup (`prompt_lookup_k` tokens) or, given
+    `suffix_k` > 0, suffix decoding in its place (a tree of `suffix_k` nodes under the `suffix` rules)."""
+    if suffix_k:
+        return CandidateSource("hybrid", k=k, schedule="heuristic", confidence_threshold=adaptive_threshold,
+                               hybrid=settings, tree=TreeSettings(suffix_k), suffix=suffix or SuffixSettings(),
+                               cost_sized=cost_sized)
     return CandidateSource("hybrid", k=k, schedule="heuristic", confidence_threshold=adaptive_threshold,
                            prompt_lookup_k=prompt_lookup_k, hybrid=settings, cost_sized=cost_sized)
+
+
+def hybrid_label(k: int, prompt_lookup_k: int, suffix_k: int = 0) -> str:
+    """What the hybrid chooses among, for its name."""
+    model_free = f"suffix tree <= {suffix_k} nodes" if suffix_k else f"prompt lookup k={prompt_lookup_k}"
+    return f"{model_free} or draft adaptive k from {k}"
 
 
 CUT_LABEL = ", cut by T(n)"  # the name of a method whose proposals are cut by the target's measured cost
@@ -214,25 +227,32 @@ def suffix_source(k: int, tree: bool, settings: SuffixSettings, implementation: 
 def hybrid(target: LoadedModel, draft: LoadedModel, k: int, prompt_lookup_k: int, max_new_tokens: int,
            cost_ratio: float, sampling: Sampling = GREEDY, adaptive_threshold: float = 0.4,
            settings: HybridSettings | None = None, name: str | None = None, lossless: bool = True,
-           weights: Weights | None = None, prefill_cost_ratio: float = 0.0, relative_target=None) -> Method:
+           weights: Weights | None = None, prefill_cost_ratio: float = 0.0, relative_target=None,
+           suffix_k: int = 0, suffix: SuffixSettings | None = None) -> Method:
     """Our hybrid candidate source: each step prompt lookup, the draft model (adaptive k from k),
     lookup continued by the draft, or nothing, chosen from the match and the acceptance so far
-    (see HybridCandidates). `cost_ratio` = draft step / target step, measured on this machine (a
+    (see HybridCandidates); given `suffix_k` > 0, suffix decoding's tree (`suffix` rules) proposes in the
+    lookup's place, with a tree of the method's earlier answers that every call reads and extends. `cost_ratio` = draft step / target step, measured on this machine (a
     measurement fed to the source, not part of what it is); `settings`: as the draft picker chose
     them (None: the record's defaults, which are HybridCandidates'); `prefill_cost_ratio` = the draft's
     prefill per token / target step, another measurement (0: the draft's catch-up is not charged);
     `relative_target`: the target's measured T(n) / T(1), verifying then priced by it and lookups cut by it."""
     settings = settings or HybridSettings()
     cut = relative_target is not None
+    suffix = suffix or SuffixSettings()
+    history = SuffixTrie(suffix.max_depth)
 
     def make():
         return HybridCandidates(draft.model, k, prompt_lookup_k, cost_ratio=cost_ratio,
                                 confidence_threshold=adaptive_threshold, prior_acceptance=settings.prior_acceptance,
                                 extend_lookups=settings.extend_lookups, prefill_cost_ratio=prefill_cost_ratio,
-                                relative_target=relative_target)
-    name = name or f"hybrid: prompt lookup k={prompt_lookup_k} or draft adaptive k from {k}{CUT_LABEL if cut else ''} (ours)"
+                                relative_target=relative_target,
+                                suffix=SuffixCandidates(suffix_k, True, suffix, history, relative_target)
+                                if suffix_k else None)
+    name = name or f"hybrid: {hybrid_label(k, prompt_lookup_k, suffix_k)}{CUT_LABEL if cut else ''} (ours)"
     return with_candidates(target, make, max_new_tokens, sampling, name,
-                           hybrid_source(k, prompt_lookup_k, settings, adaptive_threshold, cut), lossless, weights)
+                           hybrid_source(k, prompt_lookup_k, settings, adaptive_threshold, cut, suffix_k, suffix),
+                           lossless, weights)
 
 
 def llama_cpp_ar(engine: llama_cpp_peer.LlamaCppPeer, like: LoadedModel, max_new_tokens: int,
@@ -376,7 +396,8 @@ def speculative_methods(target: LoadedModel, draft: LoadedModel, k: int, max_new
         *ours,
         prompt_lookup(target, prompt_lookup_k, max_new_tokens, sampling, relative_target=relative_target),
         *([hybrid(target, draft, k, prompt_lookup_k, max_new_tokens, hybrid_cost_ratio, sampling, adaptive_threshold,
-                  hybrid_settings, prefill_cost_ratio=hybrid_prefill_ratio, relative_target=relative_target)]
+                  hybrid_settings, prefill_cost_ratio=hybrid_prefill_ratio, relative_target=relative_target,
+                  suffix_k=suffix_k, suffix=suffix)]
           if hybrid_cost_ratio is not None else []),
         *theirs,
         peer(f"prompt lookup k={prompt_lookup_k}, n<={TRANSFORMERS_PROMPT_LOOKUP_NGRAM}, first match (transformers)",

@@ -283,16 +283,25 @@ class Candidate:
 
 def hybrid_candidate(k: int, prompt_lookup_k: int, cost_ratio: float, settings: HybridSettings,
                      adaptive_threshold: float = 0.4, prefill_cost_ratio: float = 0.0,
-                     relative_target=None) -> Candidate:
-    """The hybrid with `settings`, its draft replayed (`relative_target`: verifying priced by it, as the line-up's)."""
+                     relative_target=None, suffix_k: int = 0, suffix: SuffixSettings | None = None) -> Candidate:
+    """The hybrid with `settings`, its draft replayed (`relative_target`: verifying priced by it, as the line-up's);
+    given `suffix_k`, suffix decoding proposes in the lookup's place, its earlier answers those of the calibration
+    prompts replayed before (as the line-up's keeps its own)."""
+    suffix = suffix or SuffixSettings()
+    history = SuffixTrie(suffix.max_depth)
+
     def make(forecast):
         return HybridCandidates(None, k, prompt_lookup_k, cost_ratio=cost_ratio, confidence_threshold=adaptive_threshold,
                                 draft=TeacherForcedDraft(forecast, k, "heuristic", adaptive_threshold),
                                 prior_acceptance=settings.prior_acceptance, extend_lookups=settings.extend_lookups,
-                                prefill_cost_ratio=prefill_cost_ratio, relative_target=relative_target)
+                                prefill_cost_ratio=prefill_cost_ratio, relative_target=relative_target,
+                                suffix=SuffixCandidates(suffix_k, True, suffix, history, relative_target)
+                                if suffix_k else None)
     cut = relative_target is not None
-    return Candidate(f"hybrid (k from {k}, lookup k={prompt_lookup_k}; {settings.label()}){lineups.CUT_LABEL if cut else ''}",
-                     lineups.hybrid_source(k, prompt_lookup_k, settings, adaptive_threshold, cut), make)
+    model_free = f"suffix tree {suffix_k} nodes" if suffix_k else f"lookup k={prompt_lookup_k}"
+    return Candidate(f"hybrid (k from {k}, {model_free}; {settings.label()}){lineups.CUT_LABEL if cut else ''}",
+                     lineups.hybrid_source(k, prompt_lookup_k, settings, adaptive_threshold, cut, suffix_k, suffix),
+                     make)
 
 
 def hybrid_settings_grid(draft_agreement: float) -> list[HybridSettings]:
@@ -304,14 +313,17 @@ def hybrid_settings_grid(draft_agreement: float) -> list[HybridSettings]:
 
 def choose_hybrid(calibrations, costs: "Costs", k: int, prompt_lookup_k: int, cost_ratio: float,
                   draft_agreement: float, adaptive_threshold: float = 0.4,
-                  cost_sized: bool = False) -> tuple[HybridSettings, pd.DataFrame]:
+                  cost_sized: bool = False, suffix_k: int = 0,
+                  suffix: SuffixSettings | None = None) -> tuple[HybridSettings, pd.DataFrame]:
     """The hybrid's defaults: the settings with the highest predicted speedup, a geometric mean over
     categories of each category's geometric mean over prompts (every kind of text counts alike);
-    `cost_sized`: the hybrid priced by the measured T(n), as the line-up's."""
+    `cost_sized`: the hybrid priced by the measured T(n), as the line-up's; `suffix_k`: suffix decoding
+    proposing in the lookup's place, as the line-up's."""
     records = []
     for settings in hybrid_settings_grid(draft_agreement):
         candidate = hybrid_candidate(k, prompt_lookup_k, cost_ratio, settings, adaptive_threshold,
-                                     costs.draft_prefill_ratio, costs.relative_target if cost_sized else None)
+                                     costs.draft_prefill_ratio, costs.relative_target if cost_sized else None,
+                                     suffix_k, suffix)
         by_category = per_category(predict(calibrations, [candidate], costs))
         records.append({**asdict(settings), **dict(zip(by_category.category, by_category.predicted_speedup)),
                         "overall": metrics.geometric_mean(by_category.predicted_speedup)})
@@ -388,11 +400,12 @@ def tree_candidates(tree_shape: Sequence[tuple[int, int]] | None, prompt_lookup_
 
 def candidates(k_values: Sequence[int], k: int, prompt_lookup_k: int, cost_ratio: float,
                hybrid_settings: HybridSettings, adaptive_threshold: float = 0.4,
-               prefill_cost_ratio: float = 0.0, relative_target=None) -> list[Candidate]:
+               prefill_cost_ratio: float = 0.0, relative_target=None, suffix_k: int = 0,
+               suffix: SuffixSettings | None = None) -> list[Candidate]:
     """Every source the picker weighs: the draft at each constant k and with the adaptive schedule,
     our prompt lookup, transformers' prompt lookup rule, and the hybrid with its chosen settings (given
     `relative_target`, the target's T(n) / T(1), our lookup and the hybrid cut and priced by it, as the
-    line-up's)."""
+    line-up's; given `suffix_k`, the hybrid's suffix decoding in the lookup's place, as the line-up's)."""
     cut = relative_target is not None
     listed = [Candidate(f"draft k={kk}", lineups.draft_source(kk), lambda f, kk=kk: TeacherForcedDraft(f, kk))
               for kk in k_values]
@@ -406,7 +419,7 @@ def candidates(k_values: Sequence[int], k: int, prompt_lookup_k: int, cost_ratio
                             lineups.prompt_lookup_source(prompt_lookup_k, implementation="transformers"),
                             lambda f: FirstMatchLookup(prompt_lookup_k, lineups.TRANSFORMERS_PROMPT_LOOKUP_NGRAM)))
     listed.append(hybrid_candidate(k, prompt_lookup_k, cost_ratio, hybrid_settings, adaptive_threshold,
-                                   prefill_cost_ratio, relative_target))
+                                   prefill_cost_ratio, relative_target, suffix_k, suffix))
     return listed
 
 

@@ -154,7 +154,8 @@ def pick(params: dict, target: models.LoadedModel, draft: models.LoadedModel, c:
                                  draft=draft.model if params["tree_nodes"] else None, max_draft_n=params["tree_nodes"],
                                  draft_prefill_ratio=prefill_ratio)
     settings, grid = picker.choose_hybrid(calibrations, costs, params["k"], params["prompt_lookup_k"], c, agreement,
-                                          cost_sized=params["cost_sized"])
+                                          cost_sized=params["cost_sized"], suffix_k=params["suffix_k"],
+                                          suffix=suffix_settings(params))
     cut_by = costs.relative_target if params["cost_sized"] else None
     shape = tree_grid = None
     if params["tree_nodes"]:
@@ -162,7 +163,8 @@ def pick(params: dict, target: models.LoadedModel, draft: models.LoadedModel, c:
         print(f"draft picker: tree of {len(shape)} nodes sized from T(n) and per-rank acceptance "
               f"{[round(a, 3) for a in picker.rank_acceptance(calibrations)]}: {shape_label(shape)}")
     listed = [*picker.candidates(swept_k(params), params["k"], params["prompt_lookup_k"], c, settings,
-                                 prefill_cost_ratio=prefill_ratio, relative_target=cut_by),
+                                 prefill_cost_ratio=prefill_ratio, relative_target=cut_by,
+                                 suffix_k=params["suffix_k"], suffix=suffix_settings(params)),
               *picker.tree_candidates(shape, params["prompt_lookup_k"], lookup_tree(params),
                                       suffix_k=params["suffix_k"], suffix=suffix_settings(params),
                                       relative_target=cut_by)]
@@ -188,7 +190,8 @@ def same_prompt_check(params: dict, picked: Picked, target: models.LoadedModel, 
     cut_by = cost_curve(params, picked)
     listed = [*picker.candidates(swept_k(params), params["k"], params["prompt_lookup_k"],
                                  picked.costs.draft_cost_ratio, picked.hybrid_settings,
-                                 prefill_cost_ratio=picked.costs.draft_prefill_ratio, relative_target=cut_by),
+                                 prefill_cost_ratio=picked.costs.draft_prefill_ratio, relative_target=cut_by,
+                                 suffix_k=params["suffix_k"], suffix=suffix_settings(params)),
               *picker.tree_candidates(picked.tree_shape, params["prompt_lookup_k"], lookup_tree(params),
                                       suffix_k=params["suffix_k"], suffix=suffix_settings(params),
                                       relative_target=cut_by)]
