@@ -687,6 +687,34 @@ def test_a_cost_sized_hybrid_prices_a_suffix_proposal_by_its_nodes_probabilities
     assert candidates.suffix_gain(n) == pytest.approx(expected_gain)
 
 
+@torch.inference_mode()
+def test_a_hybrid_stops_proposing_suffix_trees_the_target_keeps_rejecting():
+    """Every round the end of the text matches an earlier triple whose continuation the trees give probability 1,
+    and the target rejects it: the hybrid scales the trees' probabilities by the share of their expected tokens
+    accepted, and within a few rounds a plain step is worth more. Catches a trust that never learns (the trees'
+    counts taken as probabilities: on chat they kept proposing 13 rejected trees in 32 tokens)."""
+    curve = {1: 1.0, 2: 1.3, 4: 1.6, 9: 3.0}
+
+    def rounds(candidates, count=10):
+        sequence = [value for i in range(1, count + 1) for value in (10 * i, 10 * i + 1, 10 * i + 2)]
+        for i in range(1, count + 1):
+            sequence += [10 * i, 10 * i + 1]
+            candidates.propose(sequence, 8, GREEDY, None)
+            sequence.append(7)  # the target's token: never the proposed 10 i + 2
+            candidates.update(sequence, 0, candidates.looked_up)
+        return candidates.sources
+
+    settings = SuffixSettings(spec_factor=4.0)
+    learning = hybrid(prior_acceptance=0.1, cost_ratio=0.9, explore_every=100, relative_target=curve,
+                      suffix=SuffixCandidates(8, True, settings, SuffixTrie(settings.max_depth), curve))
+    sources = rounds(learning)
+    assert sources[0] == "suffix decoding" and set(sources[-4:]) == {"nothing"}, sources
+    credulous = hybrid(prior_acceptance=0.1, cost_ratio=0.9, explore_every=100, relative_target=curve,
+                       suffix=SuffixCandidates(8, True, settings, SuffixTrie(settings.max_depth), curve))
+    credulous.suffix_trust = lambda: 1.0
+    assert set(rounds(credulous)) == {"suffix decoding"}
+
+
 class CheckedHybrid(HybridCandidates):
     """After every step, what the hybrid believes the draft has read equals the draft's cache."""
 

@@ -516,6 +516,11 @@ class PromptLookupTreeCandidates(PromptLookupCandidates):
         super().update(tokens, num_accepted, self.proposed_depth if num_proposed else 0)
 
 
+# The suffix trees' proposals start trusted as if 2 expected tokens had been accepted: their probabilities are counts
+# over few occurrences (a continuation seen once has probability 1), so a few rejected proposals should stop them.
+SUFFIX_PRIOR_TOKENS = 2.0
+
+
 class HybridCandidates:
     """Each step, the candidate source the text favours right now (no peer offers this):
 
@@ -528,7 +533,8 @@ class HybridCandidates:
       (a prior of `prior_acceptance` over `prior_tokens` tokens, then counted) exceeds 1;
     - **suffix decoding** in prompt lookup's place, where it is given one (`suffix`): its trees match the
       request's own text and the answers given earlier, and its proposal (a tree, never continued by the
-      draft) is expected to give 1 + its nodes' estimated probabilities;
+      draft) is expected to give 1 + its nodes' estimated probabilities, scaled by the share of what the
+      trees expected so far that the target accepted;
     - **nothing**, a plain AR step, when neither is expected to pay. Every `explore_every` steps
       without drafting, the draft is tried once, so a drift of the text is noticed.
 
@@ -585,6 +591,7 @@ class HybridCandidates:
         self.lookup.reset(vocab_size)
         if self.suffix is not None:
             self.suffix.reset(vocab_size)
+        self.suffix_accepted, self.suffix_expected = 0, 0.0  # over the suffix proposals verified so far
         self.draft_accepted, self.draft_proposed = 0, 0
         self.steps_without_draft = 0
         self.draft_seen = 0  # tokens the draft has read (its cache, or its replay's stand-in)
@@ -618,9 +625,14 @@ class HybridCandidates:
         optimistic = kind + 1  # the match's length
         return 1.0 + (self.lookup.accepted(kind) + optimistic) / (self.lookup.steps(kind) + 1)
 
+    def suffix_trust(self) -> float:
+        """The share of the tokens the suffix trees expected (their probabilities' sum over the proposals verified)
+        that the target accepted, from a prior of SUFFIX_PRIOR_TOKENS accepted as expected; at most 1."""
+        return min(1.0, (self.suffix_accepted + SUFFIX_PRIOR_TOKENS) / (self.suffix_expected + SUFFIX_PRIOR_TOKENS))
+
     def suffix_gain(self, proposed: int) -> float:
         """Expected tokens of the last suffix proposal (`proposed` nodes) per target step: 1 + its nodes'
-        estimated probabilities (the suffix trees' counts), over T(proposed + 1) / T(1) given a cost curve."""
+        probabilities (the trees' counts, times `suffix_trust`), over T(proposed + 1) / T(1) given a cost curve."""
         verify = cost_at(self.verify_cost, proposed + 1) if self.verify_cost is not None else 1.0
         return (1 + self.suffix.expected) / verify
 
@@ -628,6 +640,7 @@ class HybridCandidates:
         """The model-free proposal (prompt lookup's, or the suffix trees'), its expected tokens per target step,
         and the origin its tokens are labelled with."""
         if self.suffix is not None:
+            self.suffix.trust = self.suffix_trust()  # the proposal is cut and weighed at the acceptance seen so far
             found = self.suffix.propose(tokens, max_candidates, sampling, rng)
             return found, self.suffix_gain(len(found.token_ids)) if found.token_ids else 0.0, SUFFIX
         found = self.lookup.propose(tokens, max_candidates, sampling, rng)
@@ -697,6 +710,9 @@ class HybridCandidates:
         self.draft_seen = min(self.draft_seen, len(tokens) - 1)
         if self.suffix is not None:  # its trees read every token, whoever proposed it
             self.suffix.update(tokens, num_accepted, num_proposed)
+        if self.source == SUFFIX:  # what the trees expected of this proposal, before it was scaled by the trust
+            self.suffix_accepted += num_accepted
+            self.suffix_expected += self.suffix.expected / self.suffix.trust
         if self.source in ("prompt lookup", "prompt lookup + draft model"):
             self.lookup.update(tokens, min(num_accepted, self.looked_up), self.looked_up)
         drafted = num_proposed - self.looked_up

@@ -72,6 +72,14 @@ class Speculation:
         return sum(self.probs)
 
 
+def scaled(speculation: Speculation, trust: float) -> Speculation:
+    """The proposal with every node's probability times `trust` (the order of the nodes is kept)."""
+    if trust == 1.0:
+        return speculation
+    return Speculation(speculation.token_ids, speculation.parents, [p * trust for p in speculation.probs],
+                       speculation.match_length)
+
+
 def sized(speculation: Speculation, relative_target) -> Speculation:
     """The proposal's first nodes worth verifying at the target's T(n) / T(1) (its nodes come most
     probable first, so the kept ones are a tree)."""
@@ -200,6 +208,9 @@ class SuffixCandidates:
         if isinstance(k, bool) or not isinstance(k, int) or k < 1:
             raise ValueError(f"suffix decoding's k (tokens proposed a step) must be an integer >= 1, got {k!r}")
         self.k, self.tree, self.settings = k, tree, settings
+        # a factor on the trees' probabilities before a proposal is cut and weighed: 1 here; the hybrid sets it to
+        # the share of what the trees expected that the target accepted (a count over few occurrences is no probability)
+        self.trust = 1.0
         # T(n) / T(1) for every n a proposal needs, where proposals are cut by the target's cost (None: uncut)
         self.verify_cost = verify_costs(relative_target, k + 1) if relative_target is not None else None
         # the answers this method gave earlier in the process, one per prompt
@@ -229,8 +240,8 @@ class SuffixCandidates:
         context = list(tokens[-self.settings.max_depth:])
         rules = dict(max_tokens=budget, spec_factor=self.settings.spec_factor, spec_offset=self.settings.spec_offset,
                      min_token_prob=self.settings.min_token_prob, tree=self.tree)
-        own = self.local.speculate(context, **rules)
-        earlier = self.history.speculate(context, **rules)
+        own = scaled(self.local.speculate(context, **rules), self.trust)
+        earlier = scaled(self.history.speculate(context, **rules), self.trust)
         if self.verify_cost is not None:
             own, earlier = sized(own, self.verify_cost), sized(earlier, self.verify_cost)
             budget = max(len(own.token_ids), len(earlier.token_ids))  # the merged tree: no larger than either's worth
