@@ -97,6 +97,16 @@ def hybrid_source(k: int, prompt_lookup_k: int, settings: HybridSettings = Hybri
                            prompt_lookup_k=prompt_lookup_k, hybrid=settings, cost_sized=cost_sized)
 
 
+def hybrid_suffix(suffix_k: int, suffix: SuffixSettings | None, relative_target=None) -> Callable[[], SuffixCandidates | None]:
+    """What builds the hybrid's suffix-decoding source for each call (None where `suffix_k` is 0): every call's
+    source reads and extends one tree of the answers given before, as the line-up's suffix decoding does."""
+    if not suffix_k:
+        return lambda: None
+    settings = suffix or SuffixSettings()
+    history = SuffixTrie(settings.max_depth)
+    return lambda: SuffixCandidates(suffix_k, True, settings, history, relative_target)
+
+
 def hybrid_label(k: int, prompt_lookup_k: int, suffix_k: int = 0) -> str:
     """What the hybrid chooses among, for its name."""
     model_free = f"suffix tree <= {suffix_k} nodes" if suffix_k else f"prompt lookup k={prompt_lookup_k}"
@@ -239,16 +249,13 @@ def hybrid(target: LoadedModel, draft: LoadedModel, k: int, prompt_lookup_k: int
     `relative_target`: the target's measured T(n) / T(1), verifying then priced by it and lookups cut by it."""
     settings = settings or HybridSettings()
     cut = relative_target is not None
-    suffix = suffix or SuffixSettings()
-    history = SuffixTrie(suffix.max_depth)
+    suffix_source_of_call = hybrid_suffix(suffix_k, suffix, relative_target)
 
     def make():
         return HybridCandidates(draft.model, k, prompt_lookup_k, cost_ratio=cost_ratio,
                                 confidence_threshold=adaptive_threshold, prior_acceptance=settings.prior_acceptance,
                                 extend_lookups=settings.extend_lookups, prefill_cost_ratio=prefill_cost_ratio,
-                                relative_target=relative_target,
-                                suffix=SuffixCandidates(suffix_k, True, suffix, history, relative_target)
-                                if suffix_k else None)
+                                relative_target=relative_target, suffix=suffix_source_of_call())
     name = name or f"hybrid: {hybrid_label(k, prompt_lookup_k, suffix_k)}{CUT_LABEL if cut else ''} (ours)"
     return with_candidates(target, make, max_new_tokens, sampling, name,
                            hybrid_source(k, prompt_lookup_k, settings, adaptive_threshold, cut, suffix_k, suffix),

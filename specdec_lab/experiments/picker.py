@@ -287,16 +287,14 @@ def hybrid_candidate(k: int, prompt_lookup_k: int, cost_ratio: float, settings: 
     """The hybrid with `settings`, its draft replayed (`relative_target`: verifying priced by it, as the line-up's);
     given `suffix_k`, suffix decoding proposes in the lookup's place, its earlier answers those of the calibration
     prompts replayed before (as the line-up's keeps its own)."""
-    suffix = suffix or SuffixSettings()
-    history = SuffixTrie(suffix.max_depth)
+    suffix_source_of_call = lineups.hybrid_suffix(suffix_k, suffix, relative_target)
 
     def make(forecast):
         return HybridCandidates(None, k, prompt_lookup_k, cost_ratio=cost_ratio, confidence_threshold=adaptive_threshold,
                                 draft=TeacherForcedDraft(forecast, k, "heuristic", adaptive_threshold),
                                 prior_acceptance=settings.prior_acceptance, extend_lookups=settings.extend_lookups,
                                 prefill_cost_ratio=prefill_cost_ratio, relative_target=relative_target,
-                                suffix=SuffixCandidates(suffix_k, True, suffix, history, relative_target)
-                                if suffix_k else None)
+                                suffix=suffix_source_of_call())
     cut = relative_target is not None
     model_free = f"suffix tree {suffix_k} nodes" if suffix_k else f"lookup k={prompt_lookup_k}"
     return Candidate(f"hybrid (k from {k}, {model_free}; {settings.label()}){lineups.CUT_LABEL if cut else ''}",
