@@ -83,6 +83,80 @@ def test_weight_only_model_agrees_with_its_dequantized_copy(name):
         torch.testing.assert_close(bf16(ids).logits.float(), reference(ids).logits, atol=0.15, rtol=0.05)
 
 
+def wide_layer(bits: int, dtype: torch.dtype, wide_rows: int | None, bias: bool = True):
+    torch.manual_seed(0)
+    linear = torch.nn.Linear(128, 48, bias=bias).to(dtype)
+    return (Int8WeightOnlyLinear(linear, dtype, wide_rows=wide_rows) if bits == 8
+            else Int4WeightOnlyLinear(linear, dtype, 32, wide_rows=wide_rows)), linear
+
+
+@pytest.mark.parametrize("bits", [8, 4])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_a_wide_copy_holds_the_quantized_weights_not_the_original_ones(bits, dtype):
+    """The copy is the same model in another kernel: its product equals the kernel's (fp32: to
+    rounding; bf16: within bf16 tolerance), and it is not the unquantized weight the layer was made from."""
+    layer, linear = wide_layer(bits, dtype, wide_rows=4)
+    plain, _ = wide_layer(bits, dtype, wide_rows=None)
+    assert plain.wide_weight is None and layer.wide_weight.dtype == dtype
+    x = torch.randn(2, 3, 128).to(dtype)  # 6 rows: the copy's product
+    tolerance = dict(atol=1e-4, rtol=1e-4) if dtype == torch.float32 else dict(atol=0.05, rtol=0.02)
+    torch.testing.assert_close(layer(x).float(), plain(x).float(), **tolerance)
+    torch.testing.assert_close(layer.wide_weight.float(), dequantized_weight(plain).float(), **tolerance)
+    if dtype == torch.float32:  # on the quantized grid exactly, which is not the original weight (int8's is near it)
+        torch.testing.assert_close(layer.wide_weight, dequantized_weight(plain), atol=1e-6, rtol=1e-6)
+        assert (layer.wide_weight - linear.weight).abs().max() > 1e-5
+
+
+@pytest.mark.parametrize("bits", [8, 4])
+def test_a_wide_copy_takes_the_forwards_from_its_row_count_on_and_the_kernel_the_others(monkeypatch, bits):
+    layer, _ = wide_layer(bits, torch.float32, wide_rows=5)
+    used = []
+    monkeypatch.setattr(cpu_kernels, "dense_product", lambda flat, weight: used.append(("copy", len(flat))) or flat @ weight.T)
+    kernel = layer.kernel
+    monkeypatch.setattr(layer, "kernel", lambda flat: used.append(("kernel", len(flat))) or kernel(flat))
+    for rows in (1, 4, 5, 9):
+        layer(torch.randn(rows, 128))
+    # rows of every leading dimension count: a batch of 2 x 3 tokens is 6 rows
+    layer(torch.randn(2, 3, 128))
+    assert used == [("kernel", 1), ("kernel", 4), ("copy", 5), ("copy", 9), ("copy", 6)]
+
+
+@pytest.mark.parametrize("kernel_s, wide_s, rows", [
+    ([1, 2, 3, 4], [2, 3, 2, 3], 24),       # faster from 24 rows on
+    ([1, 2, 3, 4], [0.5, 3, 2, 3], 24),     # a noisy win at 8 rows, then a loss, does not count
+    ([1, 2, 3, 4], [2, 3, 4, 5], None),     # never faster: no copy
+    ([2, 2, 3, 4], [1, 1, 1, 1], 8),        # faster everywhere
+    ([1, 2, 3, 4], [2, 3, 2, 4], None),     # a tie at the widest is no win
+])
+def test_the_wide_copy_starts_where_it_is_faster_at_every_wider_width(kernel_s, wide_s, rows):
+    assert cpu_kernels.first_faster_width([8, 16, 24, 32], kernel_s, wide_s) == rows
+
+
+def test_only_decoder_layers_keep_a_wide_copy_and_it_is_counted_in_the_weight_bytes(monkeypatch):
+    monkeypatch.setattr(cpu_kernels, "measured_wide_rows", lambda *args, **kwargs: 16)
+    model = tiny_llama(0, vocab_size=64, hidden=64).eval().to(torch.bfloat16)
+    plain = quantize.weight_only(copy.deepcopy(model), "int4-wo")
+    wide = quantize.weight_only(copy.deepcopy(model), "int4-wo", wide_copy=True)
+    assert wide.model.layers[0].mlp.up_proj.wide_rows == 16 and wide.lm_head.wide_rows is None
+    assert plain.model.layers[0].mlp.up_proj.wide_rows is None
+    assert models_weight_bytes(wide) > models_weight_bytes(plain)
+    ids = torch.tensor([PROMPT * 3])  # 21 tokens: the prefill takes the copies
+    with torch.no_grad():
+        torch.testing.assert_close(wide(ids).logits.float(), plain(ids).logits.float(), atol=0.1, rtol=0.05)
+
+
+def test_dtype_auto_keeps_a_wide_copy_and_an_explicit_quantization_does_not(folders, monkeypatch):
+    from specdec_lab.models import dense_path
+    from specdec_lab.models.load import load as load_model
+
+    monkeypatch.setattr(cpu_kernels, "measured_wide_rows", lambda *args, **kwargs: 16)
+    monkeypatch.setattr(dense_path, "resolve", lambda spec, dtype, quantization, **kwargs: ("bfloat16", "int4-wo"))
+    auto = load_model(str(folders["target"]), dtype="auto")
+    explicit = load_model(str(folders["target"]), dtype="bfloat16", quantization="int4-wo")
+    assert auto.model.model.layers[0].mlp.up_proj.wide_rows == 16
+    assert explicit.model.model.layers[0].mlp.up_proj.wide_rows is None
+
+
 @pytest.mark.parametrize("name", ["int8-wo", "int4-wo"])
 def test_weight_only_weights_are_smaller(load, name):
     assert load("target", name).weight_bytes < 0.6 * load("target", "none").weight_bytes

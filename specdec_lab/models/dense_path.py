@@ -33,8 +33,8 @@ AUTO = "auto"
 PATHS = (("bfloat16", "none"), ("float32", "none"), ("bfloat16", "int8-wo"), ("bfloat16", "int4-wo"))
 # Part of the cache key: raise it when the kit's CPU kernels or what is timed change, so every machine
 # measures again (2: bf16 products over many rows in fp32 on CPUs without bf16 dot products,
-# `cpu_kernels`; 3: the multi-token forward).
-KERNELS_VERSION = 3
+# `cpu_kernels`; 3: the multi-token forward; 4: weight-only paths with their wide copy for long forwards).
+KERNELS_VERSION = 4
 # The width of the multi-token forward timed per path: a verify pass of the kit's usual proposals
 # (k = 4-7 plus the bonus token), a lookahead step's n-gram rows, a small batch's step.
 MULTI_TOKEN_WIDTH = 8
@@ -72,7 +72,8 @@ def time_path(spec: str, dtype: str, quantization: str, prompt_tokens: int = 64,
 
     from specdec_lab.models.load import load
 
-    model = load(spec, dtype=dtype, quantization=quantization).model
+    # weight-only paths as `dtype: auto` loads them: with the wide copy their prefill takes
+    model = load(spec, dtype=dtype, quantization=quantization, wide_copy=True).model
     token = min(100, model.config.vocab_size - 1)  # any token costs the same; a tiny vocabulary has few
 
     def forward(n: int, cache: DynamicCache) -> float:

@@ -38,7 +38,7 @@ import torch
 from torch import nn
 
 from specdec_lab.models.cpu_kernels import (
-    Int4WeightOnlyLinear, Int8WeightOnlyLinear, check_shapes, int4_dequantize,
+    Int4WeightOnlyLinear, Int8WeightOnlyLinear, check_shapes, int4_dequantize, measured_wide_rows,
 )
 
 logger = logging.getLogger(__name__)
@@ -214,10 +214,12 @@ def _check_grid_matches(name: str, grid: Int4Grid, weight: torch.Tensor) -> None
 
 
 @torch.no_grad()
-def quantize_from_gguf(model: nn.Module, gguf_path: str | Path, lm_head_bits: int = 8) -> Int4GgufReport:
+def quantize_from_gguf(model: nn.Module, gguf_path: str | Path, lm_head_bits: int = 8,
+                       wide_copy: bool = False) -> Int4GgufReport:
     """Replace every nn.Linear of `model` in place: int4 from the file's own Q4_K blocks where the
     file has them, int4 re-quantized from the loaded weights elsewhere, the LM head int8 (as
-    "int4-wo" does). `model` must have been loaded from this very file (or its converted folder)."""
+    "int4-wo" does). `model` must have been loaded from this very file (or its converted folder).
+    `wide_copy`: as in `cpu_kernels.quantize_weight_only`."""
     import gguf
 
     check_shapes(model, 4, GROUP_SIZE)
@@ -233,6 +235,8 @@ def quantize_from_gguf(model: nn.Module, gguf_path: str | Path, lm_head_bits: in
 
     report = Int4GgufReport()
     for name, linear in linears.items():
+        rows = (measured_wide_rows(4, linear.in_features, linear.out_features, dtype, GROUP_SIZE)
+                if wide_copy and linear is not output else None)
         weight_name = f"{name}.weight"
         if linear is output:
             replacement = (Int8WeightOnlyLinear(linear, dtype) if lm_head_bits == 8
@@ -240,11 +244,11 @@ def quantize_from_gguf(model: nn.Module, gguf_path: str | Path, lm_head_bits: in
             report.lm_head = f"int{lm_head_bits} re-quantized"
         elif (grid := read_int4_grid(reader, tensors.get(gguf_names[weight_name]))) is not None:
             _check_grid_matches(name, grid, linear.weight)
-            replacement = Int4WeightOnlyLinear(linear, dtype, GROUP_SIZE, grid=grid)
+            replacement = Int4WeightOnlyLinear(linear, dtype, GROUP_SIZE, grid=grid, wide_rows=rows)
             report.exact_layers += 1
             report.exact_parameters += linear.weight.numel()
         else:
-            replacement = Int4WeightOnlyLinear(linear, dtype, GROUP_SIZE)
+            replacement = Int4WeightOnlyLinear(linear, dtype, GROUP_SIZE, wide_rows=rows)
             report.requantized_layers[types[weight_name]] += 1
             report.requantized_parameters[types[weight_name]] += linear.weight.numel()
         parent_name, _, child_name = name.rpartition(".")

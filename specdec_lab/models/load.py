@@ -135,15 +135,22 @@ def load(
     double_quant: bool = False,
     fast_cpu_linear: bool = True,
     multi_token: bool = False,
+    wide_copy: bool | None = None,
 ) -> LoadedModel:
     """Load model + tokenizer in eval mode, quantized with one of `quantize.QUANTIZATIONS`.
     `device='auto'` spreads the model with accelerate. On CPU in bf16/fp16, the Linear layers that
     stay unquantized compute W @ x^T (`cpu_kernels.WeightLeftLinear`) unless fast_cpu_linear=False.
     dtype='auto' (CPU) takes the dtype and weight-only quantization measured fastest on this CPU
     (`dense_path`: measured once per machine and model) for one-token forwards, or with
-    multi_token=True for forwards over many tokens (a target that verifies, a batch)."""
+    multi_token=True for forwards over many tokens (a target that verifies, a batch).
+    `wide_copy` (weight-only quantizations): the decoder layers keep their quantized weights widened
+    to `dtype` too, for forwards over the rows from which that is measured faster here (a prefill:
+    `cpu_kernels`); None: with dtype 'auto' only, which is about speed (an explicit quantization is
+    loaded as it is, for its memory)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    if wide_copy is None:
+        wide_copy = dtype == "auto"
     if dtype == "auto":
         from specdec_lab.models import dense_path
 
@@ -178,8 +185,8 @@ def load(
     if quantization == "torch-int8":
         model = quantize.torch_int8(model)
     if quantization in quantize.WEIGHT_ONLY_BITS:
-        model = quantize.weight_only(model, quantization,
-                                     gguf_path=gguf_file(spec) if quantization == "int4-gguf" else None)
+        model = quantize.weight_only(model, quantization, gguf_path=gguf_file(spec) if quantization == "int4-gguf" else None,
+                                     wide_copy=wide_copy and device_type(device) == "cpu")
     if device_type(device) == "cpu" and torch_dtype != torch.float32 and fast_cpu_linear:
         from specdec_lab.models.cpu_kernels import use_weight_left_linear
 

@@ -81,7 +81,9 @@ def describe(quantization: str, dtype: str, device: str) -> str:
         layout = ("int8, one scale per output row" if quantization == "int8-wo"
                   else f"int4, groups of {INT4_GROUP_SIZE} with a scale and a zero each")
         return (f"weight-only {layout} (LM head int8), widened inside torch's CPU matmul kernel; activations, "
-                f"embeddings, norms, attention and the KV cache in {compute}")
+                f"embeddings, norms, attention and the KV cache in {compute}; with dtype auto, forwards over many "
+                f"rows (a prefill) multiply by a {compute} copy of the same quantized weights, from the row count "
+                f"measured faster on this CPU")
     return ("torch.ao dynamic int8: int8 Linear weights, activations quantized per call; embeddings, norms, "
             "attention and the KV cache in fp32")
 
@@ -200,10 +202,12 @@ def torch_int8(model: torch.nn.Module) -> torch.nn.Module:
                                                       inplace=True)
 
 
-def weight_only(model: torch.nn.Module, quantization: str, gguf_path=None) -> torch.nn.Module:
+def weight_only(model: torch.nn.Module, quantization: str, gguf_path=None, wide_copy: bool = False) -> torch.nn.Module:
     """'int8-wo' / 'int4-wo': every Linear's weights to int8 / int4 for torch's CPU kernels;
     'int4-gguf': int4 from the Q4_K blocks of `gguf_path`, the file the model was loaded from (its
-    report, exact vs re-quantized layers, is kept as `model.int4_gguf_report`)."""
+    report, exact vs re-quantized layers, is kept as `model.int4_gguf_report`). `wide_copy`: the
+    decoder layers keep their quantized weights widened too, for forwards over many rows
+    (`cpu_kernels.quantize_weight_only`)."""
     from specdec_lab.models.cpu_kernels import quantize_weight_only
 
     if quantization == "int4-gguf" and gguf_path is None:
@@ -216,10 +220,10 @@ def weight_only(model: torch.nn.Module, quantization: str, gguf_path=None) -> to
     if quantization == "int4-gguf":
         from specdec_lab.models.gguf_int4 import quantize_from_gguf
 
-        model.int4_gguf_report = quantize_from_gguf(model, gguf_path)
+        model.int4_gguf_report = quantize_from_gguf(model, gguf_path, wide_copy=wide_copy)
         print(f"int4-gguf from {Path(gguf_path).name}: {model.int4_gguf_report}")  # which path each layer took
         return model
-    return quantize_weight_only(model, WEIGHT_ONLY_BITS[quantization], group_size=INT4_GROUP_SIZE)
+    return quantize_weight_only(model, WEIGHT_ONLY_BITS[quantization], group_size=INT4_GROUP_SIZE, wide_copy=wide_copy)
 
 
 def own_float_tensors(model: torch.nn.Module) -> None:
@@ -231,7 +235,8 @@ def own_float_tensors(model: torch.nn.Module) -> None:
     model, gigabytes of weights the quantized model no longer uses). The copy releases the mapping.
     """
     with torch.no_grad():
-        for tensor in [*model.parameters(), *model.buffers()]:
+        buffers = [tensor for name, tensor in model.named_buffers() if not name.endswith("wide_weight")]  # made here
+        for tensor in [*model.parameters(), *buffers]:
             if tensor.is_floating_point() and tensor.device.type == "cpu":
                 tensor.data = tensor.data.clone()
 
