@@ -132,13 +132,17 @@ def test_the_wide_copy_starts_where_it_is_faster_at_every_wider_width(kernel_s, 
     assert cpu_kernels.first_faster_width([8, 16, 24, 32], kernel_s, wide_s) == rows
 
 
-def test_only_decoder_layers_keep_a_wide_copy_and_it_is_counted_in_the_weight_bytes(monkeypatch):
-    monkeypatch.setattr(cpu_kernels, "measured_wide_rows", lambda *args, **kwargs: 16)
+def test_every_layer_keeps_the_wide_copy_its_shape_measured_and_it_is_counted_in_the_weight_bytes(monkeypatch):
+    measured = {}
+    monkeypatch.setattr(cpu_kernels, "measured_wide_rows",
+                        lambda bits, inputs, outputs, *args, **kwargs: measured.setdefault((bits, inputs, outputs), 8 + bits))
     model = tiny_llama(0, vocab_size=64, hidden=64).eval().to(torch.bfloat16)
     plain = quantize.weight_only(copy.deepcopy(model), "int4-wo")
     wide = quantize.weight_only(copy.deepcopy(model), "int4-wo", wide_copy=True)
-    assert wide.model.layers[0].mlp.up_proj.wide_rows == 16 and wide.lm_head.wide_rows is None
-    assert plain.model.layers[0].mlp.up_proj.wide_rows is None
+    up, head = wide.model.layers[0].mlp.up_proj, wide.lm_head
+    assert up.wide_rows == 12 and head.wide_rows == 16  # the int8 head's own measurement, not the int4 layers'
+    assert (8, head.in_features, head.out_features) in measured
+    assert plain.model.layers[0].mlp.up_proj.wide_rows is None and plain.lm_head.wide_rows is None
     assert models_weight_bytes(wide) > models_weight_bytes(plain)
     ids = torch.tensor([PROMPT * 3])  # 21 tokens: the prefill takes the copies
     with torch.no_grad():

@@ -24,7 +24,7 @@ speed is set by how fast the weights stream through (see `hardware.roofline_toke
   values (the same model, not the unquantized one), and multiply by that copy from `wide_rows` rows on.
   vLLM's AWQ layers do the same on GPUs for long inputs: dequantize, then a dense product. The row
   count is measured per layer shape on this CPU (`measured_wide_rows`); where the kernel is never
-  slower, no copy is kept. The copy costs memory: the model's dtype for every decoder-layer weight.
+  slower, no copy is kept. The copy costs memory: every weight once more in the model's dtype.
 
 - int8: one symmetric scale per output row,   w = q * scale,            q in [-127, 127]
         kernel `aten._weight_int8pack_mm(x, q, scales)`
@@ -56,6 +56,9 @@ GROUP_SIZES = (32, 64, 128, 256)  # what the int4 CPU kernel accepts
 FP32_PRODUCT_ROWS = 32  # from here on, widening to fp32 beat torch's bf16 product on the AVX2 EPYC (43 vs 56 ms)
 # the row counts at which a weight-only layer's kernel and its wide copy are timed against each other
 WIDE_ROW_GRID = (8, 16, 24, 32, 48, 64)
+# a layer's outputs beyond this many are left out of the timing: both products take time in proportion to the
+# outputs, so a vocabulary head's 152k rows cost seconds to time and cross over where a slice of them does
+WIDE_TIMED_OUTPUTS = 16384
 
 
 def has_bf16_dot_products(flags: list[str] | None) -> bool:
@@ -239,8 +242,9 @@ def measured_wide_rows(bits: int, in_features: int, out_features: int, dtype: to
     """From how many rows a layer of this shape multiplies faster by a copy of its weights in `dtype`
     than by torch's weight-only kernel, on this CPU (`first_faster_width` over WIDE_ROW_GRID, medians
     of `repeats`, random weights: the time depends on the shape, not the values); None where the
-    kernel stays faster. Measured once per process and shape, in well under a second for a 1.5B model's."""
-    linear = nn.Linear(in_features, out_features, bias=False, dtype=dtype)
+    kernel stays faster. Measured once per process and shape (at most WIDE_TIMED_OUTPUTS outputs of it), in
+    about a second for a 1.5B model's."""
+    linear = nn.Linear(in_features, min(out_features, WIDE_TIMED_OUTPUTS), bias=False, dtype=dtype)
     largest = WIDE_ROW_GRID[-1]
     layer = (Int4WeightOnlyLinear(linear, dtype, group_size, wide_rows=largest) if bits == 4
              else Int8WeightOnlyLinear(linear, dtype, wide_rows=largest))
@@ -266,16 +270,16 @@ def quantize_weight_only(model: nn.Module, bits: int, group_size: int = 32, lm_h
     """Replace every nn.Linear of `model` in place: decoder layers with `bits`, the LM head with
     `lm_head_bits` (llama.cpp's Q4_K_M files, too, keep the output matrix at higher precision: a
     4-bit vocabulary projection costs agreement for little speed). Embeddings and norms are kept.
-    `wide_copy`: decoder layers keep their weights widened too, for forwards over the rows from which
-    that is measured faster (`measured_wide_rows`); the LM head, which sees a few rows only, does not."""
+    `wide_copy`: every layer keeps its weights widened too, for forwards over the rows from which that is
+    measured faster (`measured_wide_rows`). The LM head sees many rows where a step verifies many tokens (a
+    tree, a batch): the 1.5B's int8 head over 40 rows took 152 ms on the AVX-512 BF16 EPYC, its copy 45 ms."""
     check_shapes(model, bits, group_size)
     dtype = next(model.parameters()).dtype
     output = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
 
     def replacement(linear: nn.Linear) -> nn.Module:
         layer_bits = lm_head_bits if linear is output else bits
-        rows = (measured_wide_rows(layer_bits, linear.in_features, linear.out_features, dtype, group_size)
-                if wide_copy and linear is not output else None)
+        rows = measured_wide_rows(layer_bits, linear.in_features, linear.out_features, dtype, group_size) if wide_copy else None
         if layer_bits == 4:
             return Int4WeightOnlyLinear(linear, dtype, group_size, wide_rows=rows)
         return Int8WeightOnlyLinear(linear, dtype, wide_rows=rows)

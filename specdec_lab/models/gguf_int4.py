@@ -235,12 +235,12 @@ def quantize_from_gguf(model: nn.Module, gguf_path: str | Path, lm_head_bits: in
 
     report = Int4GgufReport()
     for name, linear in linears.items():
-        rows = (measured_wide_rows(4, linear.in_features, linear.out_features, dtype, GROUP_SIZE)
-                if wide_copy and linear is not output else None)
+        rows = (measured_wide_rows(lm_head_bits if linear is output else 4, linear.in_features, linear.out_features,
+                                   dtype, GROUP_SIZE) if wide_copy else None)
         weight_name = f"{name}.weight"
         if linear is output:
-            replacement = (Int8WeightOnlyLinear(linear, dtype) if lm_head_bits == 8
-                           else Int4WeightOnlyLinear(linear, dtype, GROUP_SIZE))
+            replacement = (Int8WeightOnlyLinear(linear, dtype, wide_rows=rows) if lm_head_bits == 8
+                           else Int4WeightOnlyLinear(linear, dtype, GROUP_SIZE, wide_rows=rows))
             report.lm_head = f"int{lm_head_bits} re-quantized"
         elif (grid := read_int4_grid(reader, tensors.get(gguf_names[weight_name]))) is not None:
             _check_grid_matches(name, grid, linear.weight)

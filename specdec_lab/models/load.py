@@ -143,7 +143,7 @@ def load(
     dtype='auto' (CPU) takes the dtype and weight-only quantization measured fastest on this CPU
     (`dense_path`: measured once per machine and model) for one-token forwards, or with
     multi_token=True for forwards over many tokens (a target that verifies, a batch).
-    `wide_copy` (weight-only quantizations): the decoder layers keep their quantized weights widened
+    `wide_copy` (weight-only quantizations): the layers keep their quantized weights widened
     to `dtype` too, for forwards over the rows from which that is measured faster here (a prefill:
     `cpu_kernels`); None: with dtype 'auto' only, which is about speed (an explicit quantization is
     loaded as it is, for its memory)."""

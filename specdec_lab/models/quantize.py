@@ -206,7 +206,7 @@ def weight_only(model: torch.nn.Module, quantization: str, gguf_path=None, wide_
     """'int8-wo' / 'int4-wo': every Linear's weights to int8 / int4 for torch's CPU kernels;
     'int4-gguf': int4 from the Q4_K blocks of `gguf_path`, the file the model was loaded from (its
     report, exact vs re-quantized layers, is kept as `model.int4_gguf_report`). `wide_copy`: the
-    decoder layers keep their quantized weights widened too, for forwards over many rows
+    layers keep their quantized weights widened too, for forwards over many rows
     (`cpu_kernels.quantize_weight_only`)."""
     from specdec_lab.models.cpu_kernels import quantize_weight_only
 
