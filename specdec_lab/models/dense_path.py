@@ -72,7 +72,7 @@ def time_path(spec: str, dtype: str, quantization: str, prompt_tokens: int = 64,
 
     from specdec_lab.models.load import load
 
-    # weight-only paths as `dtype: auto` loads them: with the wide copy their prefill takes
+    # weight-only paths as `dtype: auto` loads them, with their wide copy (`cpu_kernels`), which a long forward (the prefill) takes
     model = load(spec, dtype=dtype, quantization=quantization, wide_copy=True).model
     token = min(100, model.config.vocab_size - 1)  # any token costs the same; a tiny vocabulary has few
 
