@@ -39,12 +39,14 @@ def memory_bandwidth(megabytes: int = 512, repeats: int = 5) -> float:
 
 def bytes_read_per_token(model) -> int:
     """Weight bytes one decode step reads: every weight once, except the input embedding table
-    (one row is looked up) unless it is tied to the output head (then the head reads it all)."""
+    (one row is looked up) unless it is tied to the output head (then the head reads it all), and
+    the wide copies of weight-only layers, which only forwards over many rows read (`cpu_kernels`)."""
     from specdec_lab.models import weight_bytes
+    from specdec_lab.models.cpu_kernels import wide_copy_bytes
 
     if isinstance(model, LlamaCppModel):
         return gguf_bytes_read_per_token(model.path)
-    total = weight_bytes(model)
+    total = weight_bytes(model) - wide_copy_bytes(model)
     embedding = model.get_input_embeddings().weight
     tied = embedding is getattr(model.get_output_embeddings(), "weight", None)
     return total if tied else total - embedding.numel() * embedding.element_size()

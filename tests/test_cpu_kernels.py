@@ -144,6 +144,8 @@ def test_every_layer_keeps_the_wide_copy_its_shape_measured_and_it_is_counted_in
     assert (8, head.in_features, head.out_features) in measured
     assert plain.model.layers[0].mlp.up_proj.wide_rows is None and plain.lm_head.wide_rows is None
     assert models_weight_bytes(wide) > models_weight_bytes(plain)
+    # the copies are memory, but a one-token step reads the quantized weights only: the bandwidth bound is unchanged
+    assert hardware.bytes_read_per_token(wide) == hardware.bytes_read_per_token(plain)
     ids = torch.tensor([PROMPT * 3])  # 21 tokens: the prefill takes the copies
     with torch.no_grad():
         torch.testing.assert_close(wide(ids).logits.float(), plain(ids).logits.float(), atol=0.1, rtol=0.05)

@@ -99,7 +99,9 @@ def run(params: dict) -> EngineTables:
     # the target verifies (multi-token forwards); the draft drafts (one-token forwards)
     chosen = {role: dense_path.resolve(spec, params["torch_path"], new_tokens=new_tokens,
                                        multi_token=role == "target") for role, spec in specs.items()}
-    on_torch = {role: models.load(spec, dtype=chosen[role][0], quantization=chosen[role][1])
+    # a path `auto` chose is loaded as `auto` loads it: a weight-only one with its wide copy for long forwards
+    chosen_by_auto = params["torch_path"] == dense_path.AUTO
+    on_torch = {role: models.load(spec, dtype=chosen[role][0], quantization=chosen[role][1], wide_copy=chosen_by_auto)
                 for role, spec in specs.items()}
     ar_path = dense_path.resolve(params["target"], params["torch_path"], new_tokens=new_tokens)
     on_llama = {role: models.load_on_llama_cpp(spec) for role, spec in specs.items()}
@@ -130,7 +132,7 @@ def run(params: dict) -> EngineTables:
         methods += group_methods
     target_for_ar = on_torch["target"]
     if ar_path[1] != chosen["target"][1]:  # another quantization: the torch AR a user would run, beside
-        target_for_ar = models.load(params["target"], dtype=ar_path[0], quantization=ar_path[1])
+        target_for_ar = models.load(params["target"], dtype=ar_path[0], quantization=ar_path[1], wide_copy=chosen_by_auto)
         methods.append(lineups.ar(target_for_ar, new_tokens, name=f"AR (ours · {torch_label(target_for_ar)})",
                                   lossless=False, weights=Weights(quantization=target_for_ar.quantization)))
         target_of_ar[methods[-1].name] = target_for_ar

@@ -223,6 +223,12 @@ def check_shapes(model: nn.Module, bits: int, group_size: int) -> None:
                                  f"divides {module.in_features}")
 
 
+def wide_copy_bytes(model: nn.Module) -> int:
+    """Bytes the weight-only layers' wide copies hold (memory that a one-token step does not read)."""
+    return sum(module.wide_weight.numel() * module.wide_weight.element_size() for module in model.modules()
+               if isinstance(module, WeightOnlyLinear) and module.wide_weight is not None)
+
+
 def first_faster_width(widths: list[int], kernel_s: list[float], wide_s: list[float]) -> int | None:
     """The fewest rows from which the wide copy is faster than the kernel at every timed width
     (a crossing the timing noise makes twice counts from the last one); None if it is not
