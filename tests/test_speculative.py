@@ -590,11 +590,32 @@ def test_a_cost_sized_hybrid_prices_verification_by_the_measured_curve():
     assert priced.source == "prompt lookup" and priced.looked_up == 3
     assert priced.lookup_gain(3) == pytest.approx((1 + 0.8 + 0.64 + 0.512) / 1.6)
     # the match (6 tokens) is followed by 3 before the sequence's end, and the cut keeps 2 of them: the draft
-    # (worth 3.71 / 2.3 = 1.6 here) must not continue a lookup cut short by cost as if its match had run out
+    # (worth 1.95 / 1.5 = 1.3 at its best length here, k = 1) must not continue a lookup cut short by cost as if
+    # its match had run out
     periodic = [7, 1, 2, 3, 1, 2, 3, 1, 2, 3]
-    steep = hybrid(prior_acceptance=0.95, cost_ratio=0.1, relative_target={1: 1.0, 2: 1.0, 3: 1.3, 4: 2.0, 9: 4.0})
+    steep = hybrid(prior_acceptance=0.95, cost_ratio=0.5, relative_target={1: 1.0, 2: 1.0, 3: 1.3, 4: 2.0, 9: 4.0})
     steep.propose(periodic, 20, GREEDY, None)
     assert steep.source == "prompt lookup" and steep.looked_up == 2
+
+
+def test_a_cost_sized_hybrid_drafts_the_length_its_verify_cost_pays_for():
+    """On a curve with a step past 4 tokens (T(5) = 2.5 T(1)), a draft of adaptive k = 5 is worth most at k = 3
+    (3.44 / 1.45 = 2.37 against 4.10 / 2.9 = 1.41 at k = 4): the hybrid proposes at most 3 drafted tokens a step,
+    stays lossless, and on a flat curve drafts its whole k. Catches the draft priced at its adaptive k only (then
+    here it would be worth less, and on a steeper step nothing) and a length chosen but not proposed."""
+    step = {1: 1.0, 2: 1.05, 3: 1.1, 4: 1.15, 5: 2.5, 6: 2.6, 8: 3.0}
+    no_match = list(range(40, 52))  # nothing repeats: the hybrid's proposals are the draft's
+    expected = autoregressive.generate(TARGET, no_match, 24, stop_ids=[]).tokens
+    for curve, longest in ((step, 3), ({1: 1.0, 8: 1.0}, 5)):
+        # no confidence stop: the draft proposes as many tokens as it is asked for
+        candidates = hybrid(k=5, prior_acceptance=0.9, cost_ratio=0.1, relative_target=curve, confidence_threshold=0.0)
+        assert candidates.draft_length(5) == longest
+        result = speculative.generate(TARGET, candidates, no_match, 24, stop_ids=[])
+        assert result.tokens == expected
+        drafted = [n for source, n in zip(candidates.sources, result.proposed_per_step) if source == "draft model"]
+        assert drafted[0] == longest, (curve, drafted)  # the first draft step, at the adaptive k of 5
+        if curve is step:  # the adaptive k may grow past 5, the proposal not past 3
+            assert max(drafted) == 3, drafted
 
 
 def test_hybrid_rolls_the_draft_back_after_lookup_and_draft_proposals():

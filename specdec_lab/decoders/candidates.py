@@ -554,7 +554,8 @@ class HybridCandidates:
     Given the target's measured cost curve, `relative_target` (T(n) / T(1)), verifying is no longer taken
     as free: the lookups are cut to the tokens worth verifying (`PromptLookupCandidates`), a lookup is
     worth its expected tokens over T(n + 1) / T(1), and the draft its expected tokens over T(k + 1) / T(1)
-    + k c (Leviathan's formula with the measured verify cost). On steep T(n) (AVX2 only, llama.cpp) this is
+    + k c (Leviathan's formula with the measured verify cost), at the k up to its adaptive one that this
+    rates highest, which is also how many tokens it then drafts (`draft_length`). On steep T(n) (AVX2 only, llama.cpp) this is
     what keeps a short lookup from losing to its own verification.
     """
 
@@ -612,6 +613,16 @@ class HybridCandidates:
         return (expected_tokens_per_step(self.draft_acceptance(), k)
                 / (cost_at(self.verify_cost, k + 1) + k * self.cost_ratio))
 
+    def draft_length(self, longest: int) -> int:
+        """How many tokens the draft proposes, at most `longest` (its adaptive k, or what is left): given the
+        target's cost curve, the length that Leviathan's formula with the measured verify cost rates highest
+        (the shortest of equals), since on a curve with a step (T(5) = 2.5 T(1) where T(4) = 1.3 T(1), int4
+        weight-only on the AVX-512 BF16 EPYC) the tokens past it cost more than they bring and priced at the
+        adaptive k the draft would not pay at all; without a curve, `longest`."""
+        if self.verify_cost is None or longest < 1:
+            return longest
+        return max(range(1, longest + 1), key=self.draft_speedup)
+
     def lookup_gain(self, proposed: int) -> float:
         """Expected tokens of the last lookup proposal (`proposed` tokens long) per target step. Without a
         cost curve, verifying is taken as nearly free: 1 + the tokens its kind of match accepted per step,
@@ -660,7 +671,7 @@ class HybridCandidates:
         if max_candidates < 1:
             return self._chosen(Candidates([]))
         found, gain, origin = self.model_free(tokens, max_candidates, sampling, rng)
-        draft_k = min(self.draft.length.k, max_candidates)
+        draft_k = self.draft_length(min(self.draft.length.k, max_candidates))
         draft_speedup = self.draft_speedup(draft_k)
         # exploring is cheap only while the draft has (nearly) caught up: no prefill is spent on a probe
         explore = self.steps_without_draft >= self.explore_every and self.catch_up_cost(tokens) <= self.cost_ratio
@@ -678,7 +689,7 @@ class HybridCandidates:
             return self._chosen(replace(found, origins=[origin] * len(looked_up)))
         if pays or explore:
             self.source = "draft model"
-            drafted = self.draft.propose(tokens, max_candidates, sampling, rng)
+            drafted = self.draft.propose(tokens, draft_k, sampling, rng)
             self._seen(len(tokens), drafted)
             return self._chosen(replace(drafted, origins=[DRAFT_MODEL] * len(drafted.token_ids)))
         return self._chosen(Candidates([]))
