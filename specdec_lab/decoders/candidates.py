@@ -555,7 +555,8 @@ class HybridCandidates:
     as free: the lookups are cut to the tokens worth verifying (`PromptLookupCandidates`), a lookup is
     worth its expected tokens over T(n + 1) / T(1), and the draft its expected tokens over T(k + 1) / T(1)
     + k c (Leviathan's formula with the measured verify cost), at the k up to its adaptive one that this
-    rates highest, which is also how many tokens it then drafts (`draft_length`). On steep T(n) (AVX2 only, llama.cpp) this is
+    rates highest, which is also how many tokens it then drafts on its own (`draft_length`; continuing a lookup
+    it fills the room the lookup left). On steep T(n) (AVX2 only, llama.cpp) this is
     what keeps a short lookup from losing to its own verification.
     """
 
