@@ -208,6 +208,27 @@ def best_k_per_batch(alpha: float, target_ms: Mapping[int, Mapping[int, float]],
     return best
 
 
+def batch_width_worth_verifying(probabilities: Sequence[Sequence[float]], step_ms: Mapping[int, float]) -> int:
+    """The width w of a batch's verify forward (each row's proposal cut to its first w tokens; a padded
+    batch forward over b rows of w + 1 tokens costs T_b(w + 1) whatever each row holds) with the most
+    expected tokens per unit of cost:
+
+        (b + sum over rows r and i <= w of P_r(first i accepted)) / T_b(w + 1)
+
+    `probabilities[r]` is row r's proposal, P_r(first i tokens accepted) for i = 1, 2, ...; each row adds
+    the target's own token. 0: a plain step (b tokens for T_b(1)) is worth more than any width. One row
+    is `nodes_worth_verifying`; at batch b a width pays only if the rows together fill it, since a
+    row that proposes little pays for the longest proposal's columns."""
+    longest = max((len(row) for row in probabilities), default=0)
+    best_width, best_value = 0, len(probabilities) / cost_at(step_ms, 1)
+    for width in range(1, longest + 1):
+        expected = sum(1 + sum(row[:width]) for row in probabilities)
+        value = expected / cost_at(step_ms, width + 1)
+        if value > best_value:
+            best_width, best_value = width, value
+    return best_width
+
+
 def crossover_batch(ratio_by_batch: Mapping[int, float]) -> int | None:
     """The smallest batch size at which speculation's throughput ratio over AR falls below 1 (where it
     stops paying), None if it pays at every batch size given."""

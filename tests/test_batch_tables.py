@@ -80,6 +80,23 @@ def test_the_batch_cost_model_is_leviathans_on_a_flat_curve_and_sees_the_steep_o
         cost_model.batch_speedup_from_costs(0.8, 3, steep, {1: {1: 20.0}}, 1)
 
 
+def test_a_batchs_verify_width_is_what_its_rows_together_pay_for():
+    """Each row adds its target token and its probabilities up to the width; the forward costs T_b(w + 1)
+    whatever each row holds."""
+    costs = {1: 1.0, 2: 1.5, 6: 3.5}
+    sure = [1.0] * 5
+    assert cost_model.batch_width_worth_verifying([sure], costs) == 5  # alone: 6 tokens for 3.5 steps
+    # beside three rows with nothing to propose, its 5 tokens pay for 4 rows' columns: 9 tokens for
+    # 3.5 steps against 4 for 1
+    assert cost_model.batch_width_worth_verifying([sure, [], [], []], costs) == 0
+    assert cost_model.batch_width_worth_verifying([sure] * 4, costs) == 5  # 24 tokens for 3.5
+    # a short proposal counts its own tokens only: 2 rows, 1 + 5 and 1 + 1 tokens at width 5 (8 for
+    # 3.5 steps), 1 + 1 each at width 1 (4 for 1.5): width 1; counted up to the width, width 5 would win
+    assert cost_model.batch_width_worth_verifying([sure, [1.0]], costs) == 1
+    assert cost_model.batch_width_worth_verifying([[0.2, 0.1], [0.3]], costs) == 0
+    assert cost_model.batch_width_worth_verifying([[], []], costs) == 0
+
+
 def test_best_k_and_the_crossover():
     # T_b(n) grows with b * n beyond 4 tokens: at batch 1 a long draft pays, at batch 2 a short one, at 4 none
     target = {b: {n: 100.0 * max(1.0, b * n / 4) for n in range(1, 6)} for b in (1, 2, 4)}

@@ -83,6 +83,31 @@ def test_batched_prompt_lookup_equals_each_prompts_own_ar():
     assert [r.tokens for r in results] == [alone(prompt, 30) for prompt in prompts]
 
 
+@pytest.mark.parametrize("costs", ["flat", "steep"])
+def test_batched_prompt_lookup_cut_by_cost_stays_exact_and_verifies_what_its_rows_pay_for(costs):
+    """Flat T_b(n): every proposal is verified whole, as uncut; steep (each column costs more than the
+    tokens any row could add to it): no proposal at all, plain steps only. Exact either way."""
+    prompts = [[1, 5, 6, 7, 5, 6, 7, 5, 6], *PROMPTS]
+    step_ms = {b: ({1: 10.0, 12: 10.0} if costs == "flat" else {1: 10.0, 12: 150.0}) for b in (1, 2, 4, 8)}
+    results = batched.generate_speculative(TARGET, PerRow(lambda: PromptLookupCandidates(k=5), step_ms), prompts, 30,
+                                           stop_ids=[])
+    assert [r.tokens for r in results] == [alone(prompt, 30) for prompt in prompts]
+    if costs == "flat":
+        uncut = batched.generate_speculative(TARGET, PerRow(lambda: PromptLookupCandidates(k=5)), prompts, 30, stop_ids=[])
+        assert [r.proposed_per_step for r in results] == [r.proposed_per_step for r in uncut]
+        assert sum(sum(r.proposed_per_step) for r in results) > 0
+    else:
+        assert all(set(r.proposed_per_step) == {0} for r in results)
+
+
+def test_a_batchs_cut_reads_the_costs_of_the_smallest_measured_batch_that_holds_its_rows():
+    step_ms = {1: {1: 1.0}, 2: {1: 2.0}, 4: {1: 4.0}}
+    sources = PerRow(lambda: PromptLookupCandidates(k=5), step_ms)
+    assert [sources.costs_at(rows)[1] for rows in (1, 2, 3, 4, 6)] == [1.0, 2.0, 4.0, 4.0, 4.0]
+    with pytest.raises(ValueError, match="proposal_acceptance"):
+        PerRow(lambda: OneRightOneWrong(lag=3, k=4, never=30), step_ms)
+
+
 class OneRightOneWrong:
     """Row 0 proposes the copy model's true continuation (accepted whole), row 1 a token its text never
     holds (rejected at once): the rows' caches grow by different counts every step."""

@@ -179,19 +179,30 @@ def test_a_cost_sized_lookup_keeps_the_tokens_worth_verifying_and_nothing_where_
 
 def test_a_cost_sized_lookup_follows_its_kind_of_matchs_record():
     """Position by position: a token accepted raises its position's share and lengthens the cut proposals,
-    a first token rejected lowers the first position's only. Catches rejections left uncounted, positions
-    after a rejection counted as tried, and one kind's record read for another's."""
+    a first token rejected lowers the first position's only, and the target's own token judges the first
+    token a cut left out (also where the cut left nothing). Catches rejections left uncounted, positions
+    after a rejection counted as tried, one kind's record read for another's, and a cut proposal that can
+    never learn what it cut."""
     curve = {1: 1.0, 2: 1.0, 3: 1.3, 4: 1.6, 5: 2.0, 7: 6.0, 9: 8.0}  # worth 2 tokens at the prior, 3 after
     lookup = PromptLookupCandidates(3, relative_target=curve)
     assert lookup.propose(LONG_MATCH, 20, GREEDY, None).token_ids == [5, 6]
-    lookup.update(LONG_MATCH + [5, 6, 7], 2, 2)  # accepted whole: positions 1 and 2 at (1 + 0.8) / 2
-    assert lookup.accepted_first(3, 3) == pytest.approx([0.9, 0.81, 0.648])
+    # accepted whole, and the target's own token is the 7 the cut left out: positions 1-3 at (1 + 0.8) / 2
+    lookup.update(LONG_MATCH + [5, 6, 7], 2, 2)
+    assert lookup.accepted_first(3, 3) == pytest.approx([0.9, 0.81, 0.729])
     assert lookup.propose(LONG_MATCH, 20, GREEDY, None).token_ids == [5, 6, 7]
+    other = PromptLookupCandidates(3, relative_target=curve)
+    other.propose(LONG_MATCH, 20, GREEDY, None)
+    other.update(LONG_MATCH + [5, 6, 0], 2, 2)  # the token after the cut judged wrong: position 3 at 0.8 / 2
+    assert other.accepted_first(3, 3) == pytest.approx([0.9, 0.81, 0.324])
+    dear = PromptLookupCandidates(3, relative_target={1: 1.0, 2: 1.6, 7: 6.0})
+    assert dear.propose(SHORT_MATCH, 20, GREEDY, None).token_ids == []
+    dear.update(SHORT_MATCH + [5], 0, 0)  # cut to nothing, the plain step's token still judges position 1
+    assert dear.accepted_first(0, 1) == pytest.approx([0.75])
     assert lookup.accepted_first(0, 1) == pytest.approx([0.5])  # the one-token kind keeps its own prior
     for _ in range(4):
         lookup.propose(LONG_MATCH, 20, GREEDY, None)
         lookup.update(LONG_MATCH + [0], 0, 3)  # the first token rejected: the later two were never judged
-    assert lookup.accepted_first(3, 3) == pytest.approx([0.3, 0.27, 0.216])
+    assert lookup.accepted_first(3, 3) == pytest.approx([0.3, 0.27, 0.243])
     assert lookup.propose(LONG_MATCH, 20, GREEDY, None).token_ids == [5]
     lookup.reset()
     assert lookup.accepted_first(3, 1) == pytest.approx([0.8])  # nothing carries over

@@ -24,13 +24,14 @@ prompt lookup, one instance per row). Trees are not batched: a tree proposal is 
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
 import torch
 from transformers import DynamicCache
 
+from specdec_lab.cost_model import batch_width_worth_verifying
 from specdec_lab.decoders.backend import additive_mask, engine, stop_token_ids, vocab_size
 from specdec_lab.decoders.candidates import CandidateGenerator, Candidates
 from specdec_lab.decoders.common import as_token_list, check_max_new_tokens, clock, cut_at_stop
@@ -335,14 +336,25 @@ class BatchedDraft:
 
 
 class PerRow:
-    """Any model-free candidate generator (prompt lookup), one instance per row, built by `make`."""
+    """Any model-free candidate generator (prompt lookup), one instance per row, built by `make`.
+
+    Given the target's measured batch costs, `step_ms[b][n]` (ms of a forward over b rows of n tokens,
+    `hardware.batch_cost_grid`), every row's proposal is cut to the width worth verifying at the batch's
+    size (`cost_model.batch_width_worth_verifying`, on each row's `proposal_acceptance`): the batch's
+    forward is as wide as its longest proposal, so a width pays only where the rows' tokens together
+    pay for it, and none (a plain step) where they do not. The grid of the smallest measured batch
+    size that holds the rows prices the step."""
 
     forwards = 0
 
-    def __init__(self, make: Callable[[], CandidateGenerator]):
+    def __init__(self, make: Callable[[], CandidateGenerator], step_ms: Mapping[int, Mapping[int, float]] | None = None):
         self.make = make
         self.origin = make().origin
         self.sources: list[CandidateGenerator] = []
+        if step_ms is not None and not hasattr(make(), "proposal_acceptance"):
+            raise ValueError(f"cutting a batch's proposals by cost needs each row's acceptance: "
+                             f"{type(make()).__name__} has no proposal_acceptance(); pass no step_ms")
+        self.step_ms = {int(b): dict(costs) for b, costs in step_ms.items()} if step_ms is not None else None
 
     def reset(self, rows: int, vocab_size: int | None) -> None:
         self.sources = [self.make() for _ in range(rows)]
@@ -350,8 +362,19 @@ class PerRow:
             source.reset(vocab_size)
 
     def propose(self, tokens, max_candidates, sampling, rng) -> list[Candidates]:
-        return [source.propose(row_tokens, limit, sampling, rng)
-                for source, row_tokens, limit in zip(self.sources, tokens, max_candidates)]
+        proposals = [source.propose(row_tokens, limit, sampling, rng)
+                     for source, row_tokens, limit in zip(self.sources, tokens, max_candidates)]
+        if self.step_ms is None:
+            return proposals
+        width = batch_width_worth_verifying(
+            [source.proposal_acceptance(len(c.token_ids)) for source, c in zip(self.sources, proposals)],
+            self.costs_at(len(self.sources)))
+        return [Candidates(c.token_ids[:width], None if c.probs is None else c.probs[:width]) for c in proposals]
+
+    def costs_at(self, rows: int) -> dict[int, float]:
+        """T_b(n) of the smallest measured batch size b >= rows (the largest measured, past them all)."""
+        held = [b for b in sorted(self.step_ms) if b >= rows]
+        return self.step_ms[held[0] if held else max(self.step_ms)]
 
     def update(self, tokens, num_accepted, num_proposed) -> None:
         for source, *step in zip(self.sources, tokens, num_accepted, num_proposed):

@@ -170,15 +170,16 @@ class PromptLookupCandidates:
     def reset(self, vocab_size: int | None = None) -> None:
         self.forwards = 0
         self.lengths = [DraftLength(self.k, "heuristic") for _ in range(self.MATCH_KINDS)]
-        # per kind of match and position i: steps that proposed token i after accepting the i - 1 before it
-        # (`tried`), and of those, steps that accepted it (`kept`); every proposing step tries position 0
+        # per kind of match and position i: steps whose proposal held token i and whose text held the i - 1
+        # before it (`tried`), and of those, steps whose text held it too (`kept`); every match tries position 0
         self.tried = [[0] * (2 * self.k) for _ in range(self.MATCH_KINDS)]
         self.kept = [[0] * (2 * self.k) for _ in range(self.MATCH_KINDS)]
         self.kind = None  # the kind of match the last proposal came from
+        self.pending = None  # (kind, the whole proposal before any cut, the text's length then), judged by `update`
         self.ran_out = False  # the last proposal stopped at the sequence's end, short of its kind's length
 
     def propose(self, tokens, max_candidates, sampling, rng) -> Candidates:
-        self.kind = None
+        self.kind, self.pending = None, None
         if self.match == "latest":
             return Candidates(match_continuation(tokens, min(self.k, max_candidates),
                                                         self.max_ngram, self.min_ngram))
@@ -191,6 +192,7 @@ class PromptLookupCandidates:
         proposal = tokens[follow_start:follow_start + min(self.lengths[kind].k, 2 * self.k, max_candidates)]
         # shorter than the kind's proposal length: the match reached the sequence's end (a draft may continue it)
         self.ran_out = len(proposal) < self.lengths[kind].k
+        self.pending = (kind, proposal, len(tokens))
         if self.verify_cost is not None:
             worth = self.worth_verifying(kind, len(proposal))
             self.ran_out = self.ran_out and worth == len(proposal)  # cut short by cost: nothing to continue
@@ -228,17 +230,33 @@ class PromptLookupCandidates:
             found.append(probability)
         return found
 
+    def proposal_acceptance(self, proposed: int) -> list[float]:
+        """P(the first i tokens of the last proposal are accepted), i = 1..proposed, from its kind's record."""
+        return self.accepted_first(self.kind, proposed) if self.kind is not None and proposed else []
+
     def worth_verifying(self, kind: int, k: int) -> int:
         """How many of a proposal's first k tokens are worth verifying at the target's cost (0: none)."""
         return nodes_worth_verifying(self.accepted_first(kind, k), self.verify_cost)
 
     def update(self, tokens, num_accepted, num_proposed) -> None:
-        if self.kind is None or num_proposed == 0:
-            return
-        for position in range(min(num_accepted + 1, num_proposed)):  # proposed after all before it were accepted
-            self.tried[self.kind][position] += 1
-            self.kept[self.kind][position] += position < num_accepted
-        self.lengths[self.kind].update(num_accepted, num_proposed)
+        if self.pending is not None:
+            self.record(*self.pending, tokens)
+            self.pending = None
+        if self.kind is not None and num_proposed:
+            self.lengths[self.kind].update(num_accepted, num_proposed)
+
+    def record(self, kind: int, proposal: list[int], start: int, tokens: list[int]) -> None:
+        """Judge a proposal's tokens by the text the target wrote after it (`tokens[start:]`), position by
+        position, up to the first one the text does not hold. Verified tokens are judged as verification
+        did (the text holds exactly the accepted ones, then the target's own token, which a rejected token
+        never is); the target's own token also judges the first token a cut by cost left out (under
+        sampling it equals that token with the probability verifying it would have accepted it). So a
+        cut proposal still learns how far its kind's matches reach, and can grow back."""
+        for position, (proposed, written) in enumerate(zip(proposal, tokens[start:])):
+            self.tried[kind][position] += 1
+            if proposed != written:
+                return
+            self.kept[kind][position] += 1
 
 
 def match_continuation(tokens: list[int], k: int, max_ngram: int, min_ngram: int, earliest: bool = False) -> list[int]:
@@ -512,8 +530,14 @@ class PromptLookupTreeCandidates(PromptLookupCandidates):
         return Candidates(token_ids, None, parents)
 
     def update(self, tokens, num_accepted, num_proposed) -> None:
-        # a continuation accepted to its end grows the next one, as for a chain: judged on the tree's depth
-        super().update(tokens, num_accepted, self.proposed_depth if num_proposed else 0)
+        # judged on the tree's depth, along whichever branch was accepted: every position up to the first
+        # rejection tried, the accepted ones kept; a continuation accepted to its end grows the next one
+        if self.kind is None or not num_proposed:
+            return
+        for position in range(min(num_accepted + 1, self.proposed_depth)):
+            self.tried[self.kind][position] += 1
+            self.kept[self.kind][position] += position < num_accepted
+        self.lengths[self.kind].update(num_accepted, self.proposed_depth)
 
 
 # The suffix trees' proposals start trusted as if 2 expected tokens had been accepted: their probabilities are counts

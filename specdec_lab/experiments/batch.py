@@ -45,16 +45,18 @@ def run(params: dict) -> Tables:
     prompts = data.load_prompts(params["prompt_set"], params["num_prompts"], seed=params["seed"])
     print(f"{len(prompts)} prompts from {params['prompt_set']!r}, batch sizes {params['batch_sizes']}; target "
           f"{params['target']} in {target.precision}" + ("" if draft is None else f", draft {params['draft']} in {draft.precision}"))
+    # T_b(n), measured first: prompt lookup's batch cut reads it at every step (n up to its longest proposal, 2k)
+    n_values = list(range(1, max([*params["k_values"], 2 * params["prompt_lookup_k"]]) + 2))
+    target_costs = hardware.batch_cost_grid(target.model, params["batch_sizes"], n_values,
+                                            repeats=params["cost_curve_repeats"])
+    target_costs.to_csv(common.results_file(params, NOTEBOOK, "target_costs.csv"), index=False)
     methods = lineups.batch_lineup(target, draft, params["k_values"] if draft is not None else [],
-                                   params["prompt_lookup_k"], params["max_new_tokens"])
+                                   params["prompt_lookup_k"], params["max_new_tokens"],
+                                   step_ms=batch_tables.cost_curves(target_costs))
     rows = bench.run_batches(methods, prompts, target.tokenizer, out=common.results_file(params, NOTEBOOK, "runs.jsonl"),
                              batch_sizes=params["batch_sizes"], repeats=params["repeats"], warmup=params["warmup"],
                              config={**params, **common.precisions(target=target, draft=draft)}, seed=params["seed"])
     table = batch_tables.table(rows, lineups.BATCHED_AR)
-    n_values = list(range(1, max(params["k_values"]) + 2))
-    target_costs = hardware.batch_cost_grid(target.model, params["batch_sizes"], n_values,
-                                            repeats=params["cost_curve_repeats"])
-    target_costs.to_csv(common.results_file(params, NOTEBOOK, "target_costs.csv"), index=False)
     if draft is not None:
         draft_costs = hardware.batch_cost_grid(draft.model, params["batch_sizes"], [1], repeats=params["cost_curve_repeats"])
         draft_costs.to_csv(common.results_file(params, NOTEBOOK, "draft_costs.csv"), index=False)

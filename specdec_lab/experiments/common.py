@@ -15,7 +15,10 @@ NOT_PART_OF_A_RESULT = ("results_dir", "profile")  # where results go does not c
 
 
 def results_file(params: dict, notebook: str, name: str) -> Path:
-    return paths.experiment_dir(params["results_dir"], notebook) / name
+    """A file of the notebook's results, its folder made (a cost grid may be written before any run)."""
+    folder = paths.experiment_dir(params["results_dir"], notebook)
+    folder.mkdir(parents=True, exist_ok=True)
+    return folder / name
 
 
 def summary_lines(table: pd.DataFrame, methods: Sequence[Method]) -> pd.DataFrame:

@@ -508,22 +508,29 @@ def batched_draft(target: LoadedModel, draft: LoadedModel, k: int, max_new_token
                   engine=engine_of(target.model))
 
 
-def batched_prompt_lookup(target: LoadedModel, k: int, max_new_tokens: int) -> Method:
-    """Our batched speculative decoder with prompt lookup (adaptive, longest match), one source per row."""
+def batched_prompt_lookup(target: LoadedModel, k: int, max_new_tokens: int, step_ms=None) -> Method:
+    """Our batched speculative decoder with prompt lookup (adaptive, longest match), one source per row.
+    `step_ms` (batch size -> {n: ms}, the target's measured batch costs): each step's proposals cut to
+    the width the batch's rows pay for (`batched.PerRow`)."""
+    cut = step_ms is not None
+
     def decode(batch):
-        source = batched.PerRow(lambda: PromptLookupCandidates(k, max_ngram=PROMPT_LOOKUP_NGRAM))
+        source = batched.PerRow(lambda: PromptLookupCandidates(k, max_ngram=PROMPT_LOOKUP_NGRAM), step_ms)
         return batched.generate_speculative(target.model, source, batch, max_new_tokens)
-    return Method(f"prompt lookup k={k} (batched)", decode, lossless=True, role="speculative",
-                  source=prompt_lookup_source(k), engine=engine_of(target.model))
+    return Method(f"prompt lookup k={k}{CUT_LABEL if cut else ''} (batched)", decode, lossless=True,
+                  role="speculative", source=prompt_lookup_source(k, cost_sized=cut), engine=engine_of(target.model))
 
 
 def batch_lineup(target: LoadedModel, draft: LoadedModel | None, k_values: Sequence[int], prompt_lookup_k: int,
-                 max_new_tokens: int) -> list[Method]:
+                 max_new_tokens: int, step_ms=None) -> list[Method]:
     """Batched AR (ours, the baseline; transformers' generate, its peer), the draft model at each k and
-    prompt lookup (0: none), all greedy."""
+    prompt lookup (0: none), all greedy; given the target's batch costs `step_ms`, prompt lookup cut by
+    them beside it."""
     methods = [batched_ar(target, max_new_tokens), batched_generate(target, max_new_tokens)]
     if draft is not None:
         methods += [batched_draft(target, draft, k, max_new_tokens) for k in k_values]
     if prompt_lookup_k:
         methods.append(batched_prompt_lookup(target, prompt_lookup_k, max_new_tokens))
+        if step_ms is not None:
+            methods.append(batched_prompt_lookup(target, prompt_lookup_k, max_new_tokens, step_ms))
     return methods
