@@ -19,7 +19,8 @@ Then the two decoders, in gpt-fast's shape: `generate_ar` (prefill the batch, on
 forward) and `generate_speculative` (each row proposes, one forward verifies every row's proposal,
 each row keeps its own accepted prefix). Candidate sources plug in behind `BatchedCandidateGenerator`:
 `BatchedDraft` (one batched draft forward per drafted position) and `PerRow` (any model-free source,
-prompt lookup, one instance per row). Trees are not batched: a tree proposal is refused by name.
+prompt lookup, one instance per row, its proposals cut to the width the batch's measured cost pays for where
+it is given one). Trees are not batched: a tree proposal is refused by name.
 """
 
 from __future__ import annotations
