@@ -100,6 +100,16 @@ def test_batched_prompt_lookup_cut_by_cost_stays_exact_and_verifies_what_its_row
         assert all(set(r.proposed_per_step) == {0} for r in results)
 
 
+@pytest.mark.parametrize("step_ms", [None, {1: {1: 10.0, 12: 10.0}}])
+def test_a_token_tree_is_refused_by_name_cut_or_not(step_ms):
+    """Batches verify chains: a tree proposal is refused, also after the cost cut (which keeps its parents)."""
+    from specdec_lab.decoders.candidates import PromptLookupTreeCandidates
+
+    with pytest.raises(ValueError, match="verifies chains only"):
+        batched.generate_speculative(TARGET, PerRow(lambda: PromptLookupTreeCandidates(k=4, branches=3), step_ms),
+                                     [[1, 5, 6, 7, 5, 6, 8, 5, 6, 9, 5, 6]], 12, stop_ids=[])
+
+
 def test_a_batchs_cut_reads_the_costs_of_the_smallest_measured_batch_that_holds_its_rows():
     step_ms = {1: {1: 1.0}, 2: {1: 2.0}, 4: {1: 4.0}}
     sources = PerRow(lambda: PromptLookupCandidates(k=5), step_ms)

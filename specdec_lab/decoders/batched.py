@@ -350,11 +350,12 @@ class PerRow:
 
     def __init__(self, make: Callable[[], CandidateGenerator], step_ms: Mapping[int, Mapping[int, float]] | None = None):
         self.make = make
-        self.origin = make().origin
+        example = make()
+        self.origin = example.origin
         self.sources: list[CandidateGenerator] = []
-        if step_ms is not None and not hasattr(make(), "proposal_acceptance"):
+        if step_ms is not None and not hasattr(example, "proposal_acceptance"):
             raise ValueError(f"cutting a batch's proposals by cost needs each row's acceptance: "
-                             f"{type(make()).__name__} has no proposal_acceptance(); pass no step_ms")
+                             f"{type(example).__name__} has no proposal_acceptance(); pass no step_ms")
         self.step_ms = {int(b): dict(costs) for b, costs in step_ms.items()} if step_ms is not None else None
 
     def reset(self, rows: int, vocab_size: int | None) -> None:
@@ -365,12 +366,12 @@ class PerRow:
     def propose(self, tokens, max_candidates, sampling, rng) -> list[Candidates]:
         proposals = [source.propose(row_tokens, limit, sampling, rng)
                      for source, row_tokens, limit in zip(self.sources, tokens, max_candidates)]
-        if self.step_ms is None:
-            return proposals
+        if self.step_ms is None or not all(is_chain(candidates) for candidates in proposals):
+            return proposals  # (a tree goes on whole, to be refused by the decoder)
         width = batch_width_worth_verifying(
             [source.proposal_acceptance(len(c.token_ids)) for source, c in zip(self.sources, proposals)],
             self.costs_at(len(self.sources)))
-        return [Candidates(c.token_ids[:width], None if c.probs is None else c.probs[:width]) for c in proposals]
+        return [candidates.prefix(width) for candidates in proposals]
 
     def costs_at(self, rows: int) -> dict[int, float]:
         """T_b(n) of the smallest measured batch size b >= rows (the largest measured, past them all)."""

@@ -38,6 +38,12 @@ class Candidates:
     # looked-up tokens continued by the draft); None: the generator's `origin`, for every token
     origins: list[str] | None = None
 
+    def prefix(self, n: int) -> "Candidates":
+        """The first n tokens, with their q, parents and origins (a tree's first n nodes, parents first, are a tree)."""
+        return Candidates(self.token_ids[:n], None if self.probs is None else self.probs[:n],
+                          None if self.parents is None else self.parents[:n],
+                          None if self.origins is None else self.origins[:n])
+
 
 class CandidateGenerator(Protocol):
     forwards: int  # model forward passes spent proposing since reset()
