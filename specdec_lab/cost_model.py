@@ -74,14 +74,7 @@ def nodes_worth_verifying(probabilities: Sequence[float], relative_target: Mappi
     own token counted. 0: a plain step (1 token for T(1)) is worth more than any prefix. Where T(n) is flat
     (bf16 with AMX) every node is nearly free; where it is steep (AVX2 only: T(16) = 6 T(1)) only the
     likely ones pay for the tokens they add."""
-    step = cost_at(relative_target, 1)
-    best_n, best_value, expected = 0, 1.0, 1.0
-    for n, probability in enumerate(probabilities, start=1):
-        expected += probability
-        value = expected * step / cost_at(relative_target, n + 1)
-        if value > best_value:
-            best_n, best_value = n, value
-    return best_n
+    return batch_width_worth_verifying([list(probabilities)], relative_target)  # a batch of one row
 
 
 def acceptance_alpha(accepted_per_step: Sequence[Sequence[int]], proposed_per_step: Sequence[Sequence[int]]) -> float:
