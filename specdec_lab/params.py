@@ -172,7 +172,7 @@ def _model_dtype_list(name: str, value) -> str | None:
     example = "[{model: smollm2-135m-instruct, dtype: float32}]"
     if not isinstance(value, list) or any(not isinstance(v, dict) or set(v) != {"model", "dtype"} for v in value):
         return f"{name} must be a list of {{model, dtype}} mappings like {example}, got {value!r}"
-    return next((p for p in (_model_spec(name, v["model"]) or _one_of(sorted(models.DTYPES))(name, v["dtype"])
+    return next((p for p in (_model_spec(name, v["model"]) or _one_of([*sorted(models.DTYPES), models.LLAMA_CPP])(name, v["dtype"])
                              for v in value) if p), None)
 
 
@@ -241,6 +241,8 @@ RULES: dict[str, Callable[[str, object], str | None]] = {
     "reference_model": _model_spec,
     "reference_dtype": _one_of(["auto", *sorted(models.DTYPES)]),  # auto: the fastest path measured on this CPU
     "reference_prompts": _positive_int,
+    "reference_draft": _model_spec,  # "": no speculative decoding with a draft in 04's section 5
+    "reference_draft_k": _positive_int,
     "lookahead_configs": _lookahead_configs,
     "cost_curve_models": _model_dtype_list,
     # 05_batch

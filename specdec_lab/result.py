@@ -87,6 +87,9 @@ class GenerationResult:
     proposed_per_step: list[int] = field(default_factory=list)  # draft/guessed tokens checked per step
     target_forwards: int = 0  # forward passes of the target, prefill included
     draft_forwards: int = 0  # forward passes of a draft model (0 without one)
+    # tokens fed to each target forward after the prefill, its n in T(n) (AR, Jacobi and lookahead record
+    # it; empty where a decoder does not): a forward's measured time is set beside T(n) at this n
+    forward_tokens: list[int] = field(default_factory=list)
     wall_time_s: float = 0.0
     time_to_first_token_s: float = 0.0
     peak_memory_bytes: int | None = None  # peak while decoding above what was held at its start (RSS / CUDA allocated)

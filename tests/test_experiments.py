@@ -202,6 +202,57 @@ def test_ms_per_decode_forward_leaves_the_prefill_out_and_pools_samples():
     assert per_forward["AR"] == pytest.approx(1000 * 3.4 / 38) and per_forward["Jacobi"] == pytest.approx(200.0)
 
 
+def test_a_forward_is_set_beside_t_of_n_at_exactly_the_n_it_fed():
+    # T(n) in ms at the n the forwards fed; AR fed 1 token a forward, Jacobi 8 then 2 (mean T = (30 + 12) / 2)
+    curve = pd.DataFrame({"n": [1, 2, 8], "ms_fit": [10.0, 12.0, 30.0]})
+    rows = pd.DataFrame([
+        row("AR", wall_time_s=0.55, time_to_first_token_s=0.1, target_forwards=4, forward_tokens=[1, 1, 1]),
+        row("Jacobi", wall_time_s=0.5, time_to_first_token_s=0.08, target_forwards=3, forward_tokens=[8, 2]),
+        row("speculative", wall_time_s=0.5, time_to_first_token_s=0.1, target_forwards=3, forward_tokens=[])])
+    assert cllm_tables.forward_sizes(rows) == [1, 2, 8]
+    check = cllm_tables.forward_cost_check(rows, curve)
+    assert list(check.index) == ["AR", "Jacobi"]  # a method that did not record its forwards is left out
+    assert check.curve_ms["AR"] == pytest.approx(10.0) and check.forward_over_curve["AR"] == pytest.approx(15.0)
+    assert check.curve_ms["Jacobi"] == pytest.approx(21.0) and check.largest_forward["Jacobi"] == 8
+    assert check.ms_per_decode_forward["Jacobi"] == pytest.approx(210.0)
+    assert check.forward_over_curve["Jacobi"] == pytest.approx(10.0)
+    assert check.mean_tokens_per_forward_fed["Jacobi"] == pytest.approx(5.0)
+
+
+def test_forward_check_findings_name_the_parallel_decoders_above_the_curve():
+    check = pd.DataFrame({"mean_tokens_per_forward_fed": [1.0, 9.5, 20.0], "largest_forward": [1, 16, 21],
+                          "ms_per_decode_forward": [12.0, 22.0, 40.0], "curve_ms": [10.0, 20.0, 30.0],
+                          "forward_over_curve": [1.2, 1.1, 1.333]}, index=[lineups.BASE_AR, "Jacobi", "Lookahead"])
+    text = cllm_words.forward_check_findings(check, "m (bf16)")
+    assert "- Jacobi: 9.5 tokens a forward on average (at most 16), 22.0 ms against T(n) 20.0 ms: **1.10x**." in text
+    assert text.endswith("1 of 2 parallel decoders cost more than 10% above T(n) at their n: Lookahead.")
+    assert cllm_words.forward_check_findings(check.drop("Lookahead"), "m").endswith(
+        "Every parallel decoder's forward is within 10% of T(n) at its n.")  # AR's own 1.2 is the loop, not judged
+
+
+def test_the_learning_trend_reads_the_later_half_of_training():
+    curve = pd.DataFrame({"step": [0, 16, 32, 48, 64], "tokens_per_target_forward": [1.05, 1.3, 1.2, 1.3, 1.4],
+                          "exact_match": 0.5, "prompts": 4})
+    trend = cllm_tables.learning_trend(curve, goal=2.0)
+    # the line through (32, 1.2), (48, 1.3), (64, 1.4): +0.1 per 16 steps, 0.6 to go after step 64
+    assert (trend.first, trend.last, trend.last_step) == (1.05, 1.4, 64)
+    assert trend.slope_per_100_steps == pytest.approx(0.625) and trend.steps_to_goal == pytest.approx(96.0)
+    text = cllm_words.learning_curve_findings(curve)
+    assert "from **1.05** (the base model) to **1.40** after 64 steps" in text and "+0.62 per 100 steps" in text
+    assert "after about 96 more steps" in text
+    flat = curve.assign(tokens_per_target_forward=[1.05, 1.3, 1.3, 1.3, 1.3])
+    assert cllm_tables.learning_trend(flat).steps_to_goal is None
+    assert "more steps of this recipe would not reach 2.0" in cllm_words.learning_curve_findings(flat)
+    assert cllm_tables.learning_trend(curve, goal=1.4).steps_to_goal == 0.0
+    assert cllm_tables.learning_trend(curve.head(1)) is None
+
+
+def test_extra_memory_is_a_drafts_weights_plus_its_peak_above_the_baselines():
+    table = pd.DataFrame({"peak_memory_mb": [100.0, 130.0, 90.0]}, index=["AR", "draft", "CLLM"])
+    extra = cllm_tables.extra_memory(table, "AR", {"draft": 50 * 2**20})
+    assert extra.to_dict() == {"AR": 0.0, "draft": 80.0, "CLLM": 0.0}
+
+
 def test_train_config_takes_the_notebook_parameters_by_name(monkeypatch):
     params = {"train_steps": 7, "learning_rate": 1e-4, "grad_accumulation": 2, "states_per_step": 3,
               "ar_weight": 5.0, "consistency_weight": 2.0, "consistency": "local", "consistency_target": "hard",
@@ -306,7 +357,7 @@ def synthetic_cllm_tables() -> cllm_tables.Tables:
                           "agreement": [1.0, 1.0, 0.25], "ms_per_decode_forward": [40.0, 80.0, 80.0],
                           "speedup_low": [1.0, 0.4, 0.6], "speedup_high": [1.0, 0.6, 0.8], "prompts": [2, 2, 2]},
                          index=names)
-    both = pd.DataFrame({"prompts": ["training databases"] * 2 + ["held-out databases"] * 2,
+    both = pd.DataFrame({"prompts": ["trained on"] * 2 + ["held out"] * 2,
                          "prompt_id": ["t1", "t2", "h1", "h2"]})
     return cllm_tables.Tables(
         train_set=[], held_out_set=["h1", "h2"], collected={"training_prompts": 9, "degenerate_removed": 1},
@@ -315,7 +366,7 @@ def synthetic_cllm_tables() -> cllm_tables.Tables:
         table=table, blocks=pd.DataFrame(),
         block_stats=pd.DataFrame({"iterations_per_block": [7.5, 5.0]}, index=names[1:]),
         seen_and_held_out=both,
-        tokens_per_forward_by_prompts=pd.DataFrame({"training databases": [1.1, 1.6]}, index=names[1:]),
+        tokens_per_forward_by_prompts=pd.DataFrame({"trained on": [1.1, 1.6]}, index=names[1:]),
         nll=pd.DataFrame({"model": ["base", "CLLM"], "nll_per_token": [0.7, 1.4]}), looping=1,
         cost_curves=curves(), break_even=cllm_tables.break_even_table(curves(), 16, []))
 
@@ -395,12 +446,13 @@ def test_reference_findings_say_whether_the_best_parallel_method_pays():
     tables.reference_table = pd.DataFrame(
         {"tokens_per_target_forward": [1.0, 1.3, 1.5], "ms_per_decode_forward": [100.0, 120.0, 125.0],
          "speedup": [1.0, 1.08, 1.2], "speedup_low": [1.0, 0.95, 1.05], "speedup_high": [1.0, 1.2, 1.3],
-         "prompts": [3, 3, 3], "agreement": [1.0, 1.0, 1.0]}, index=[lineups.BASE_AR, "Lookahead A", "Lookahead B"])
+         "prompts": [3, 3, 3], "agreement": [1.0, 1.0, 1.0], "extra_memory_mb": [0.0, 3.0, 400.0]},
+        index=[lineups.BASE_AR, "Lookahead A", "Lookahead B"])
     tables.reference_precision = "bf16 int4-wo"  # the path `reference_dtype: auto` chose
     text = cllm_words.reference_findings(tables, {"reference_model": "big", "reference_dtype": "auto", "max_new_tokens": 32})
     assert text.startswith("Untrained big (bf16 int4-wo), 3 held-out prompts, 32 tokens:")
     assert ("- Lookahead A: **1.30** tokens per forward at 1.20x the time of an AR step: **1.08x (95% CI 0.95-1.20, "
-            "3 prompts)** AR") in text
+            "3 prompts)** AR, agreement with AR greedy 1.00, 3 MB of memory beyond AR's.") in text
     assert "The best, Lookahead B, pays here" in text
     tables.reference_table.loc["Lookahead B", "speedup_low"] = 0.99
     assert "does not pay beyond the noise" in cllm_words.reference_findings(tables, {"reference_model": "big",

@@ -167,3 +167,44 @@ def test_stationary_and_fast_forward_counts():
 def test_bad_arguments_fail_early(model, bad):
     with pytest.raises(ValueError, match=next(iter(bad))):
         jacobi.generate(model, PROMPT, 5, **bad)
+
+
+@contextmanager
+def recording_widths(module):
+    """Yields a list that gets, for every forward of a sequence `module` opens, the tokens it was fed."""
+    widths, opened = [], module.open_sequence
+
+    def open_counted(model):
+        sequence = opened(model)
+        forward = sequence.forward
+
+        def counted(token_ids, *args, **kwargs):
+            widths.append(len(token_ids))
+            return forward(token_ids, *args, **kwargs)
+        sequence.forward = counted
+        return sequence
+    module.open_sequence = open_counted
+    try:
+        yield widths
+    finally:
+        module.open_sequence = opened
+
+
+@pytest.mark.parametrize("decoder", ["autoregressive", "jacobi", "lookahead"])
+def test_each_decode_forwards_width_is_recorded_as_fed(decoder):
+    from specdec_lab.decoders import lookahead
+
+    module = {"autoregressive": autoregressive, "jacobi": jacobi, "lookahead": lookahead}[decoder]
+    model = copy_llama(lag=4)  # repeats the prompt: Jacobi fixes several tokens a forward, lookahead accepts n-grams
+    prompt = [5, 6, 7, 8, 5, 6, 7, 8, 5, 6]
+    lookahead.check_custom_mask_support(model)  # its probe's forwards before the count
+    with recording_widths(module) as widths:
+        if decoder == "jacobi":
+            result = jacobi.generate(model, prompt, 20, block_size=6)
+        elif decoder == "lookahead":
+            result = lookahead.generate(model, prompt, 20, window=3, ngram_size=3, candidates=2, pool_from_prompt=True)
+        else:
+            result = autoregressive.generate(model, prompt, 20)
+    assert result.forward_tokens == widths[1:]  # the first forward is the prefill
+    assert len(result.forward_tokens) == result.target_forwards - 1
+    assert max(widths[1:]) > 1 or decoder == "autoregressive"

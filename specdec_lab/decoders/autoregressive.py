@@ -57,6 +57,7 @@ def generate(
         accepted_per_step=[0] * (len(tokens) - 1),
         proposed_per_step=[0] * (len(tokens) - 1),
         target_forwards=len(tokens),  # the prefill yields the first token, then one pass per token
+        forward_tokens=[1] * (len(tokens) - 1),
         token_origins=[TARGET] * len(tokens),
         token_steps=list(range(len(tokens))),
     )

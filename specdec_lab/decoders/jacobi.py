@@ -174,6 +174,7 @@ def generate(
         accepted_per_step=accepted_per_step,
         proposed_per_step=proposed_per_step,
         target_forwards=1 + len(accepted_per_step),
+        forward_tokens=list(proposed_per_step),  # an iteration feeds the block's open part: what it proposes
         jacobi=statistics,
         **provenance.cut(len(generated)),
     )

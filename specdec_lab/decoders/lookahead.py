@@ -165,11 +165,16 @@ def best_candidate(first_prediction: int, predictions: list[list[int]], candidat
     return best, best_accepted
 
 
+def pass_tokens(inputs: list[int], levels: list[list[int]], candidates: list[Sequence[int]]) -> int:
+    """Tokens one pass feeds: the input, the window and the candidate n-grams (its n in T(n))."""
+    return len(inputs) + sum(len(level) for level in levels) + sum(len(c) for c in candidates)
+
+
 def lookahead_step(sequence: KVSequence, inputs: list[int], levels: list[list[int]], candidates: list[Sequence[int]]
                    ) -> tuple[list[int], int, list[int]]:
-    """One pass over input + window + candidates. Returns the new tokens (accepted n-gram prefix plus
-    the model's next token), how many n-gram tokens were accepted, and the newest level's predictions.
-    On exit the cache holds what it held plus the input."""
+    """One pass over input + window + candidates (`pass_tokens`). Returns the new tokens (accepted n-gram
+    prefix plus the model's next token), how many n-gram tokens were accepted, and the newest level's
+    predictions. On exit the cache holds what it held plus the input."""
     cached = sequence.length
     current = cached + len(inputs) - 1  # position of the current token
     window = [token for level in levels for token in level]
@@ -254,6 +259,7 @@ def generate(
             pool.add(prompt_ids[start:start + ngram_size])
     levels = [[rng.choice(prompt_ids) for _ in range(window)]]  # level 0; the window fills a level a step
     accepted_per_step, proposed_per_step, verified, provenance = [], [], 0, Provenance()
+    fed = []  # tokens each pass feeds; the first pass also prefills the prompt
 
     with run:
         inputs, generated, stopped = list(prompt_ids), [], False
@@ -261,6 +267,7 @@ def generate(
             left = max_new_tokens - len(generated)
             ngrams = [c[:left - 1] for c in pool.candidates(inputs[-1], candidates)] if left > 1 else []
             ngrams = [c for c in ngrams if c]
+            fed.append(pass_tokens(inputs, levels, ngrams))
             new_tokens, accepted, newest = lookahead_step(sequence, inputs, levels, ngrams)
             # the model's own token is a correction where an n-gram agreeing with the accepted tokens
             # proposed another token for its position
@@ -281,6 +288,7 @@ def generate(
         accepted_per_step=accepted_per_step,
         proposed_per_step=proposed_per_step,
         target_forwards=len(accepted_per_step),
+        forward_tokens=fed[1:],
         extras={"ngrams_verified": verified, "pool_size": len(pool),
                 "window": window, "ngram_size": ngram_size, "candidates": candidates},
         **provenance.cut(len(generated)),

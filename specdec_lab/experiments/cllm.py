@@ -1,8 +1,10 @@
 """Notebook 04: parallel decoding. The cost of a forward over n tokens, T(n), per model, and the
 tokens per forward at which Jacobi or lookahead decoding breaks even; the base model's Jacobi
 trajectories, a consistency LLM (CLLM) fine-tuned on them, then AR vs Jacobi and lookahead decoding
-of the base model and of the CLLM on held-out databases: tokens per forward, speed, per-block
-statistics, quality drift; and AR vs lookahead (vs Jacobi) on a reference model where T(n) is flat."""
+of the base model and of the CLLM, and prompt lookup, on held-out prompts (databases or templates
+never trained on): tokens per forward, speed, each forward beside T(n) at its n, per-block
+statistics, quality drift; and AR vs lookahead (vs Jacobi), prompt lookup and a draft model on a
+reference model."""
 
 from __future__ import annotations
 
@@ -20,24 +22,25 @@ from specdec_lab.decoders import jacobi
 from specdec_lab.decoders.backend import stop_token_ids
 from specdec_lab.experiments import common, lineups
 from specdec_lab.experiments.cllm_tables import (Tables, accuracy, block_summary, block_table, break_even_table,
-                                                 groups, learning_curve_table, looping_answers, ms_per_decode_forward,
+                                                 extra_memory, forward_cost_check, forward_sizes, groups,
+                                                 learning_curve_table, looping_answers, ms_per_decode_forward,
                                                  paired_answers, seen_and_held_out)
 from specdec_lab.experiments.cllm_words import headline
-from specdec_lab.models import LoadedModel, cpu_kernels
+from specdec_lab.models import LLAMA_CPP, LoadedModel, cpu_kernels
 from specdec_lab.runs import bench
 
 NOTEBOOK = "04_cllm"
 
 
 def split(params: dict) -> tuple[list[data.Prompt], list[data.Prompt]]:
-    """All prompts of the training databases and the first `eval_prompts` of the held-out ones (disjoint
-    databases), each side spread round-robin over its databases. The CLLM's trajectories come from
-    the first `train_prompts` of the training side; fine-tuning on reference answers draws from all of it."""
+    """All prompts of the training groups (Spider's databases, math templates) and the first
+    `eval_prompts` of the held-out ones (disjoint groups), each side spread round-robin over its groups.
+    The CLLM's trajectories come from the first `train_prompts` of the training side; fine-tuning on
+    reference answers draws from all of it."""
     train_side, held_out_set = data.split_by_group(data.load_prompts(params["prompt_set"]),
                                                    params["held_out_fraction"], seed=params["seed"])
-    by_database = lambda prompt: prompt.group  # noqa: E731
-    return (data.round_robin(train_side, by_database),
-            data.round_robin(held_out_set, by_database)[:params["eval_prompts"]])
+    by_group = lambda prompt: prompt.group  # noqa: E731
+    return (data.round_robin(train_side, by_group), data.round_robin(held_out_set, by_group)[:params["eval_prompts"]])
 
 
 def train_config(params: dict) -> train.TrainConfig:
@@ -72,7 +75,7 @@ def answer_config(params: dict) -> train.TrainConfig:
 def fine_tune_on_answers(params: dict, prompts: Sequence[data.Prompt], answers: dict[str, str],
                          pretrained: LoadedModel) -> Path:
     """The paper's starting point: the model fine-tuned on the task's reference answers (Spider's gold
-    SQL of the training databases, never the held-out ones). Returns the fine-tuned model's folder."""
+    SQL, a math problem's worked answer; of the training side only). Returns the fine-tuned model's folder."""
     end_id = pretrained.tokenizer.eos_token_id
     if end_id not in stop_token_ids(pretrained.model, pretrained.tokenizer):  # the decoders must stop where answers end
         raise ValueError(f"{params['model']}'s eos_token ({pretrained.tokenizer.eos_token!r}) is not among the ids its "
@@ -112,9 +115,10 @@ def run(params: dict) -> Tables:
     cllm = models.load(str(trained.folder), dtype=dtype, device=device)
     measured = {**params, "cllm": trained.folder.parent.name}  # the rows' configuration names the CLLM they ran
     methods = lineups.cllm(base, cllm, params["max_new_tokens"], params["block_size"], params["init"],
-                           lookahead_configs=params["lookahead_configs"])
+                           lookahead_configs=params["lookahead_configs"], prompt_lookup_k=params["prompt_lookup_k"])
     rows = bench.run(methods, held_out_set, base.tokenizer, out=common.results_file(params, NOTEBOOK, "held_out.jsonl"),
                      repeats=params["repeats"], warmup=params["warmup"], config=measured, desc="held-out")
+    forward_check = forward_check_curve(base, rows, params)  # the CLLM has the base's shapes: one curve serves both
     table = metrics.summary(rows, baseline=lineups.BASE_AR)
     summary = common.summary_lines(table, methods)
     seen_rows = measure_training_prompts(params, base, cllm, train_set, trained.kept, measured)
@@ -124,17 +128,22 @@ def run(params: dict) -> Tables:
     del cllm, methods, base
     curve = learning_curve(params, trained, rows, held_out_set, measured)
 
-    reference_rows, reference_precision = measure_reference(params, held_out_set, curves)
+    reference = measure_reference(params, held_out_set, curves)
     cost_curves = measure_other_cost_curves(params, curves)
     tables = assemble(params, train_set, held_out_set, trained, rows, table, seen_rows, nll, cost_curves)
+    tables.forward_check = forward_cost_check(rows, forward_check)
+    tables.table["extra_memory_mb"] = extra_memory(tables.table, lineups.BASE_AR, {})
     add_accuracy(tables, params, rows, pretrained_rows)
     tables.learning_curve = curve
     tables.token_views, tables.trajectories = views, converging
-    if reference_rows is not None:
-        tables.reference_precision = reference_precision
-        tables.reference_table = metrics.summary(reference_rows, baseline=lineups.BASE_AR)
-        tables.reference_table["ms_per_decode_forward"] = ms_per_decode_forward(reference_rows)
-        tables.reference_blocks = block_summary(block_table(reference_rows))
+    if reference is not None:
+        tables.reference_precision = reference.precision
+        tables.reference_table = metrics.summary(reference.rows, baseline=lineups.BASE_AR)
+        tables.reference_table["ms_per_decode_forward"] = ms_per_decode_forward(reference.rows)
+        tables.reference_table["extra_memory_mb"] = extra_memory(tables.reference_table, lineups.BASE_AR,
+                                                                 reference.extra_weights_bytes)
+        tables.reference_forward_check = forward_cost_check(reference.rows, reference.forward_check)
+        tables.reference_blocks = block_summary(block_table(reference.rows))
     common.write_outputs(params, NOTEBOOK, summary, headline(tables), dtype=dtype,
                          model=f"{model} fine-tuned on reference answers" if params["sft_steps"] else model)
     return tables
@@ -239,25 +248,44 @@ def measure_training_prompts(params: dict, base: LoadedModel, cllm: LoadedModel,
                      config=measured, desc="training prompts")
 
 
-def measure_reference(params: dict, held_out_set: Sequence[data.Prompt],
-                      curves: dict) -> tuple[pd.DataFrame | None, str | None]:
-    """The reference model's rows (`run_reference`) and the path it ran on ('bf16 int4-wo' where
-    `reference_dtype: auto` chose that), its cost curve into `curves`; (None, None) without one."""
+def forward_check_curve(loaded: LoadedModel, rows: pd.DataFrame, params: dict) -> pd.DataFrame:
+    """T(n) of `loaded` at every n the rows' decode forwards fed, measured right after them in the same
+    process (`forward_cost_check` sets each method's forwards beside it)."""
+    return hardware.forward_cost_curve(loaded.model, forward_sizes(rows), repeats=params["cost_curve_repeats"])
+
+
+@dataclass
+class Reference:
+    """What section 5 measured on the reference model: its rows, the path it ran on ('bf16 int4-wo'
+    where `reference_dtype: auto` chose that), T(n) at its forwards' n, and the weights each method
+    holds beside it (the draft's)."""
+
+    rows: pd.DataFrame
+    precision: str
+    forward_check: pd.DataFrame
+    extra_weights_bytes: dict[str, int]
+
+
+def measure_reference(params: dict, held_out_set: Sequence[data.Prompt], curves: dict) -> Reference | None:
+    """The reference model's rows (`run_reference`), its cost curve into `curves`; None without one."""
     if not params["reference_model"]:
-        return None, None
+        return None
     reference = load_reference(params)
     spec, label = params["reference_model"], curve_dtype(reference)
     curves[(spec, label)] = cost_curve(reference, spec, label, params)
-    return run_reference(reference, params, held_out_set), reference.precision
+    rows, extra_weights = run_reference(reference, params, held_out_set)
+    return Reference(rows, reference.precision, forward_check_curve(reference, rows, params), extra_weights)
 
 
 def measure_other_cost_curves(params: dict, curves: dict) -> pd.DataFrame:
     """T(n) of the other models the cost curves compare (`cost_curve_models`), one loaded at a time,
-    beside those measured already; all of them, saved to cost_curves.csv."""
+    beside those measured already (dtype 'llama.cpp': the model's GGUF file on llama.cpp, the bound
+    that engine sets for Jacobi and a CLLM); all of them, saved to cost_curves.csv."""
     for entry in params["cost_curve_models"]:
         key = (entry["model"], entry["dtype"])
         if key not in curves:
-            other = models.load(key[0], dtype=key[1], device=params["device"])
+            other = (models.load_on_llama_cpp(key[0]) if key[1] == LLAMA_CPP
+                     else models.load(key[0], dtype=key[1], device=params["device"]))
             curves[key] = cost_curve(other, *key, params)
             del other
     cost_curves = pd.concat(curves.values(), ignore_index=True)
@@ -307,15 +335,30 @@ def curve_dtype(loaded: LoadedModel) -> str:
     return name if loaded.quantization == "none" else f"{name} {loaded.quantization}"
 
 
-def run_reference(reference: LoadedModel, params: dict, held_out_set: list[data.Prompt]) -> pd.DataFrame:
+def run_reference(reference: LoadedModel, params: dict, held_out_set: list[data.Prompt]) -> tuple[pd.DataFrame, dict]:
     """AR vs lookahead decoding (and Jacobi, if asked) on an untrained larger model, on the first
-    held-out prompts: what the training-free parallel decoders give where T(n) is flat."""
+    held-out prompts: what the training-free parallel decoders give where T(n) is flat; beside them,
+    as in the CLLM paper's table, prompt lookup and speculative decoding with `reference_draft`, a
+    smaller model of its family. Returns the rows and the bytes of weights each method holds beside
+    the reference model's (the draft's)."""
     methods = lineups.cllm(reference, None, params["max_new_tokens"], params["block_size"], params["init"],
-                           with_jacobi=params["reference_jacobi"], lookahead_configs=params["lookahead_configs"])
-    return bench.run(methods, held_out_set[:params["reference_prompts"]], reference.tokenizer,
+                           with_jacobi=params["reference_jacobi"], lookahead_configs=params["lookahead_configs"],
+                           prompt_lookup_k=params["prompt_lookup_k"])
+    extra_weights = {}
+    if params["reference_draft"]:
+        # 'auto': the path fastest at one-token steps, which is what a draft runs
+        draft = models.load(params["reference_draft"], dtype=params["reference_dtype"], device=params["device"])
+        models.check_same_tokenizer(reference.tokenizer, draft.tokenizer, params["reference_model"],
+                                    params["reference_draft"])
+        speculative = lineups.draft_model_speculative(reference, draft, params["reference_draft_k"],
+                                                      params["max_new_tokens"])
+        methods.append(speculative)
+        extra_weights[speculative.name] = draft.weight_bytes
+    rows = bench.run(methods, held_out_set[:params["reference_prompts"]], reference.tokenizer,
                      out=common.results_file(params, NOTEBOOK, "reference_model.jsonl"), repeats=params["repeats"],
                      warmup=params["warmup"], config={**params, **common.precisions(target=reference)},
                      desc=params["reference_model"])
+    return rows, extra_weights
 
 
 @torch.no_grad()

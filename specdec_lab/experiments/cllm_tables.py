@@ -28,7 +28,7 @@ class Tables:
     blocks: pd.DataFrame  # one row per Jacobi block
     block_stats: pd.DataFrame  # per method: iterations, fast-forwarded, stationary tokens per block
     seen_and_held_out: pd.DataFrame  # Jacobi rows on training prompts and on held-out ones
-    tokens_per_forward_by_prompts: pd.DataFrame  # method x (training / held-out databases)
+    tokens_per_forward_by_prompts: pd.DataFrame  # method x (TRAINED_ON / HELD_OUT prompts)
     nll: pd.DataFrame  # NLL of the base model's held-out answers under base and CLLM
     looping: int  # CLLM held-out answers that loop
     cost_curves: pd.DataFrame  # T(n) per model: model, dtype, n, ms, relative_to_one
@@ -36,6 +36,8 @@ class Tables:
     reference_precision: str | None = None  # what the reference model computed in: 'bf16', 'bf16 int4-wo'
     reference_table: pd.DataFrame | None = None  # AR vs lookahead (vs Jacobi) on an untrained larger model
     reference_blocks: pd.DataFrame | None = None
+    forward_check: pd.DataFrame | None = None  # per method: decode ms per forward beside T(n) at its n (held out)
+    reference_forward_check: pd.DataFrame | None = None  # the same on the reference model
     answer_key: quality.AnswerKey | None = None  # the prompt set's gold answers and how they are matched
     accuracy: pd.DataFrame | None = None  # per method: the share of its held-out answers that are right
     accuracy_pairs: dict | None = None  # base vs CLLM prompt by prompt (`paired_answers`)
@@ -44,6 +46,11 @@ class Tables:
     base_lookahead: str | None = None  # and of lookahead on the base model with the same W, N, G
     token_views: object = None  # the first held-out prompt, every method's text coloured by token origin (HTML)
     trajectories: object = None  # one block of that prompt converging, base model and CLLM (HTML)
+
+
+# the two sides of the split: prompts the CLLM trained on, and held-out ones whose databases (Spider) or
+# templates (math) it never saw
+TRAINED_ON, HELD_OUT = "trained on", "held out"
 
 
 def groups(prompts: Sequence[data.Prompt]) -> list[str]:
@@ -61,6 +68,46 @@ def ms_per_decode_forward(rows: pd.DataFrame) -> pd.Series:
     return 1000 * totals.decode_s / totals.decode_forwards
 
 
+FORWARD_COST_TOLERANCE = 0.10  # a parallel decoder's forward should cost at most this much above T(n) at its n
+
+
+def forward_sizes(rows: pd.DataFrame) -> list[int]:
+    """Every n a decode forward of these rows fed (`forward_tokens`), with n = 1 (AR's): the n at which
+    `forward_cost_check` needs T(n) measured."""
+    sizes = {int(n) for tokens in rows.get("forward_tokens", pd.Series(dtype=object)).dropna() for n in tokens}
+    return sorted(sizes | {1})
+
+
+def forward_cost_check(rows: pd.DataFrame, curve: pd.DataFrame) -> pd.DataFrame:
+    """Per method that recorded its forwards' sizes: its decode time per forward (`ms_per_decode_forward`)
+    beside the cost curve's T(n) at the n each of its forwards fed (`curve` measured at those n, in the
+    same process: mean of T(n_i) over the forwards), and their ratio. A ratio above 1 is what the
+    decode loop adds to the forward the hardware allows (argmax, cache bookkeeping, a wider pass than
+    planned); AR's own ratio is the loop's share at n = 1."""
+    measured = ms_per_decode_forward(rows)
+    t_of = curve.set_index("n").ms_fit
+    records = []
+    for decoder, group in rows.groupby("decoder", sort=False):
+        sizes = [n for tokens in group.forward_tokens if isinstance(tokens, list) for n in tokens]
+        if not sizes or decoder not in measured or any(n not in t_of.index for n in sizes):
+            continue
+        curve_ms = sum(t_of[n] for n in sizes) / len(sizes)
+        records.append({"decoder": decoder, "mean_tokens_per_forward_fed": sum(sizes) / len(sizes),
+                        "largest_forward": max(sizes), "ms_per_decode_forward": measured[decoder],
+                        "curve_ms": curve_ms, "forward_over_curve": measured[decoder] / curve_ms})
+    return pd.DataFrame(records, columns=["decoder", "mean_tokens_per_forward_fed", "largest_forward",
+                                          "ms_per_decode_forward", "curve_ms", "forward_over_curve"]).set_index("decoder")
+
+
+def extra_memory(table: pd.DataFrame, baseline: str, extra_weights_bytes: dict[str, int]) -> pd.Series:
+    """Per method: the memory it needs at inference beyond the baseline's (MB): the weights of any
+    model it runs beside the target (a draft's; a CLLM replaces the base, so none), plus its peak while
+    decoding above the baseline's (a draft's cache, lookahead's wider passes; RSS on a CPU, never below 0)."""
+    above = (table.peak_memory_mb - table.peak_memory_mb[baseline]).clip(lower=0)
+    weights = pd.Series({name: extra_weights_bytes.get(name, 0) / 2**20 for name in table.index})
+    return (weights + above.fillna(0)).rename("extra_memory_mb")
+
+
 def looping_answers(rows: pd.DataFrame, decoder: str) -> int:
     """How many of `decoder`'s answers (one per prompt) loop; a loop converges in few iterations,
     so looping answers inflate tokens per forward."""
@@ -72,7 +119,7 @@ def seen_and_held_out(seen: pd.DataFrame, held_out: pd.DataFrame) -> pd.DataFram
     """The Jacobi rows on training prompts and on held-out ones, labelled in a `prompts` column. A
     CLLM that gains on the prompts it trained on but not on new ones has learned them, not the task."""
     held_out = held_out[held_out.decoder.isin(set(seen.decoder))]
-    both = pd.concat([seen.assign(prompts="training databases"), held_out.assign(prompts="held-out databases")])
+    both = pd.concat([seen.assign(prompts=TRAINED_ON), held_out.assign(prompts=HELD_OUT)])
     return both[both.role == "parallel"].reset_index(drop=True)
 
 
@@ -102,6 +149,39 @@ def learning_curve_table(rows: pd.DataFrame, key: quality.AnswerKey | None) -> p
         records.append({"step": int(step), "tokens_per_target_forward": group.tokens_per_target_forward.mean(),
                         "exact_match": right, "prompts": group.prompt_id.nunique()})
     return pd.DataFrame(records, columns=["step", "tokens_per_target_forward", "exact_match", "prompts"])
+
+
+CLLM_GOAL_TOKENS_PER_FORWARD = 2.0  # what a CLLM should reach on held-out math (the parallel-decoding issue's target)
+
+
+@dataclass
+class LearningTrend:
+    """What the learning curve says about more training: tokens per forward at the first and last
+    checkpoints, the slope over the later half of training (per 100 steps), and the steps a straight
+    continuation of that slope would need to reach `goal` (None where the slope is not positive)."""
+
+    first: float
+    last: float
+    last_step: int
+    slope_per_100_steps: float
+    goal: float
+    steps_to_goal: float | None
+
+
+def learning_trend(curve: pd.DataFrame, goal: float = CLLM_GOAL_TOKENS_PER_FORWARD) -> LearningTrend | None:
+    """The trend of `learning_curve_table`'s tokens per forward: a least-squares line through the
+    checkpoints of the later half of training (at least the last two). None with fewer than two."""
+    curve = curve.sort_values("step")
+    if len(curve) < 2:
+        return None
+    later = curve[curve.step >= curve.step.max() / 2]
+    later = later if len(later) >= 2 else curve.tail(2)
+    steps, tpf = later.step.astype(float), later.tokens_per_target_forward.astype(float)
+    slope = float(((steps - steps.mean()) * (tpf - tpf.mean())).sum() / ((steps - steps.mean()) ** 2).sum())
+    last = float(curve.tokens_per_target_forward.iloc[-1])
+    to_goal = 0.0 if last >= goal else ((goal - last) / slope if slope > 0 else None)
+    return LearningTrend(float(curve.tokens_per_target_forward.iloc[0]), last, int(curve.step.iloc[-1]), 100 * slope,
+                         goal, to_goal)
 
 
 def paired_answers(rows: pd.DataFrame, key: quality.AnswerKey, first: str, second: str) -> dict[str, int]:
@@ -180,9 +260,9 @@ def jacobi_numbers(tables: Tables) -> dict:
     (held out and on training prompts), iterations per block, the cost of a Jacobi forward against
     an AR one, speedups, agreement, NLL and looping answers."""
     table, base, cllm = tables.table, lineups.BASE_JACOBI, lineups.CLLM_JACOBI
-    seen = tables.tokens_per_forward_by_prompts["training databases"]
+    seen = tables.tokens_per_forward_by_prompts[TRAINED_ON]
     nll = tables.nll.groupby("model").nll_per_token.mean()
-    trained_on = tables.seen_and_held_out[tables.seen_and_held_out.prompts == "training databases"]
+    trained_on = tables.seen_and_held_out[tables.seen_and_held_out.prompts == TRAINED_ON]
     return {
         "held_out_prompts": len(tables.held_out_set), "training_steps": len(tables.losses),
         "training_prompts": tables.collected["training_prompts"], "looping_removed": tables.collected["degenerate_removed"],

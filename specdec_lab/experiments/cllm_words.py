@@ -5,7 +5,8 @@ from __future__ import annotations
 
 from specdec_lab import words
 from specdec_lab.experiments import lineups
-from specdec_lab.experiments.cllm_tables import Tables, accuracy_names, cllm_pick, jacobi_numbers
+from specdec_lab.experiments.cllm_tables import (FORWARD_COST_TOLERANCE, TRAINED_ON, Tables, accuracy_names, cllm_pick,
+                                                 jacobi_numbers, learning_trend)
 from specdec_lab.metrics import Speedup
 
 
@@ -29,7 +30,7 @@ def cost_findings(tables: Tables, params: dict) -> str:
 
 
 def headline(tables: Tables) -> dict:
-    tpf, seen = tables.table.tokens_per_target_forward, tables.tokens_per_forward_by_prompts["training databases"]
+    tpf, seen = tables.table.tokens_per_target_forward, tables.tokens_per_forward_by_prompts[TRAINED_ON]
     cllm = tables.table.loc[lineups.CLLM_JACOBI]
     line = {
         "Jacobi tokens/forward, base": round(float(tpf[lineups.BASE_JACOBI]), 3),
@@ -106,6 +107,45 @@ def accuracy_findings(tables: Tables, params: dict) -> str:
     return text
 
 
+def learning_curve_findings(curve) -> str:
+    """Whether more training of this recipe would pay, read from the learning curve's later half."""
+    trend = None if curve is None else learning_trend(curve)
+    if trend is None:
+        return ""
+    text = (f"Jacobi tokens per forward went from **{trend.first:.2f}** (the base model) to **{trend.last:.2f}** after "
+            f"{trend.last_step} steps; over the later half of training they changed by {trend.slope_per_100_steps:+.2f} "
+            f"per 100 steps. ")
+    if trend.steps_to_goal == 0:
+        return text + f"That reaches the {trend.goal:.1f} tokens per forward a CLLM should make."
+    if trend.steps_to_goal is None:
+        return text + (f"The curve is not rising: more steps of this recipe would not reach {trend.goal:.1f} tokens "
+                       f"per forward.")
+    return text + (f"A straight continuation would reach {trend.goal:.1f} tokens per forward after about "
+                   f"{trend.steps_to_goal:,.0f} more steps (a line through few noisy points: an order of magnitude, "
+                   f"not a forecast).")
+
+
+def forward_check_findings(check, model_label: str) -> str:
+    """Each method's decode forward against T(n) at the n it fed, and whether every parallel one is
+    within the tolerance of the curve (AR's own ratio: what the loop adds at n = 1)."""
+    if check is None or check.empty:
+        return ""
+    lines = [f"Decode forwards against the cost curve of {model_label}, T(n) measured at every n they fed, right "
+             f"after them in the same process:"]
+    for name, line in check.iterrows():
+        lines.append(f"- {name}: {line.mean_tokens_per_forward_fed:.1f} tokens a forward on average (at most "
+                     f"{int(line.largest_forward)}), {line.ms_per_decode_forward:.1f} ms against T(n) "
+                     f"{line.curve_ms:.1f} ms: **{line.forward_over_curve:.2f}x**.")
+    parallel = check[check.index != lineups.BASE_AR]
+    over = parallel[parallel.forward_over_curve > 1 + FORWARD_COST_TOLERANCE]
+    if over.empty:
+        lines.append(f"\nEvery parallel decoder's forward is within {FORWARD_COST_TOLERANCE:.0%} of T(n) at its n.")
+    else:
+        lines.append(f"\n{len(over)} of {len(parallel)} parallel decoders cost more than {FORWARD_COST_TOLERANCE:.0%} "
+                     f"above T(n) at their n: {', '.join(over.index)}.")
+    return "\n".join(lines)
+
+
 def reference_findings(tables: Tables, params: dict) -> str:
     table = tables.reference_table
     parallel = table[table.index != lineups.BASE_AR]
@@ -116,7 +156,7 @@ def reference_findings(tables: Tables, params: dict) -> str:
         cost = line.ms_per_decode_forward / table.ms_per_decode_forward[lineups.BASE_AR]
         lines.append(f"- {name}: **{line.tokens_per_target_forward:.2f}** tokens per forward at {cost:.2f}x the "
                      f"time of an AR step: **{words.interval(Speedup.from_line(line))}** AR, agreement with AR "
-                     f"greedy {line.agreement:.2f}.")
+                     f"greedy {line.agreement:.2f}, {line.extra_memory_mb:.0f} MB of memory beyond AR's.")
     verdict = "pays" if parallel.speedup_low[best] > 1 else "does not pay beyond the noise"
     lines.append(f"\nThe best, {best}, {verdict} here: a pass must carry more tokens than it costs AR steps.")
     return "\n".join(lines)

@@ -462,12 +462,14 @@ def quantized_pairs(target: LoadedModel, drafts: Sequence[tuple[quantize.Pair, L
 
 def cllm(base: LoadedModel, cllm_model: LoadedModel | None, max_new_tokens: int, block_size: int,
          init: str = "prompt_tokens", with_ar: bool = True, with_jacobi: bool = True,
-         lookahead_configs: Sequence[LookaheadConfig | dict] = ()) -> list[Method]:
+         lookahead_configs: Sequence[LookaheadConfig | dict] = (), prompt_lookup_k: int = 0) -> list[Method]:
     """AR on the base model (the baseline and the reference text), Jacobi on the base model
     (lossless) and on the CLLM (a fine-tuned model: its text is its own, not the base's), lookahead
     decoding of the base model (lossless, training-free) with each config, and lookahead decoding of
     the CLLM with the first config (the CLLM paper combines the two: the pool's n-grams come from the
-    CLLM's own Jacobi guesses; the findings compare it with the base model's lookahead at that config)."""
+    CLLM's own Jacobi guesses; the findings compare it with the base model's lookahead at that config),
+    and with `prompt_lookup_k` > 0 our prompt lookup on the base model (the training-free speculative peer,
+    no extra memory)."""
     methods = [ar(base, max_new_tokens, name=BASE_AR)] if with_ar else []
     if with_jacobi:
         methods.append(jacobi_method(base, max_new_tokens, block_size, init, BASE_JACOBI, lossless=True))
@@ -478,6 +480,8 @@ def cllm(base: LoadedModel, cllm_model: LoadedModel | None, max_new_tokens: int,
     if cllm_model is not None and lookahead_configs:
         methods.append(lookahead_method(cllm_model, max_new_tokens, lookahead_configs[0], "CLLM", lossless=False,
                                         weights=CLLM_WEIGHTS))
+    if prompt_lookup_k:
+        methods.append(prompt_lookup(base, prompt_lookup_k, max_new_tokens))
     return methods
 
 

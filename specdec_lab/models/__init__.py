@@ -11,5 +11,6 @@
 from specdec_lab.models import quantize, zoo  # noqa: F401  (quantize installs its log filter at import)
 from specdec_lab.models.dtypes import DEVICES, DTYPE_LABELS, DTYPES, device_type, parse_dtype  # noqa: F401
 from specdec_lab.models.load import (  # noqa: F401
-    LoadedModel, check_same_tokenizer, load, load_on_llama_cpp, load_tokenizer, quiet_transformers, resolve, weight_bytes,
+    LLAMA_CPP, LoadedModel, check_same_tokenizer, load, load_on_llama_cpp, load_tokenizer, quiet_transformers, resolve,
+    weight_bytes,
 )

@@ -198,6 +198,9 @@ def load(
     return LoadedModel(name=spec, model=model, tokenizer=tokenizer, dtype=torch_dtype, quantization=quantization)
 
 
+LLAMA_CPP = "llama.cpp"  # where a parameter names a torch dtype, this one runs the model's GGUF file on llama.cpp
+
+
 def load_on_llama_cpp(spec: str, threads: int | None = None, context_tokens: int = 4096) -> LoadedModel:
     """A zoo model's GGUF file (or a .gguf path) on llama.cpp's engine, with the kit's tokenizer of the
     same file: the kit's decoders run on it as on a transformers model (`decoders.backend`)."""

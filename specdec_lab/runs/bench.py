@@ -29,8 +29,9 @@ from specdec_lab.runs import jsonl
 
 
 # What a row holds besides its configuration's numbers: rows of an older format are not resumed, so a
-# table never mixes rows with and without a field (2: every token's origin and step, the token views).
-ROW_FORMAT = 2
+# table never mixes rows with and without a field (2: every token's origin and step, the token views; 3: the
+# tokens each target forward fed, `forward_tokens`).
+ROW_FORMAT = 3
 
 
 def environment() -> dict:
