@@ -8,7 +8,7 @@ import pytest
 import torch
 from transformers.generation.logits_process import TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
 
-from specdec_lab.sampling import Sampling, next_token, probabilities, sample
+from specdec_lab.sampling import Sampling, greedy_tokens, next_token, probabilities, sample
 
 
 def kept(logits, sampling: Sampling) -> list[int]:
@@ -107,3 +107,12 @@ def test_sampling_draws_from_the_filtered_distribution():
     frequencies = torch.bincount(draws, minlength=4) / 4000
     assert frequencies[2:].sum() == 0
     assert abs(float(frequencies[0]) - 2 / 3) < 0.03  # 4 standard errors
+
+
+def test_greedy_tokens_are_the_argmax_of_the_logits_as_given():
+    # the fp32 copy is for speed only: the same tokens, ties to the first index, in bf16 and fp32 alike
+    logits = torch.randn(16, 1000, generator=torch.Generator().manual_seed(0)).bfloat16()
+    logits[3, [7, 900]] = logits[3].max() + 1  # a tie: the first index wins
+    assert torch.equal(greedy_tokens(logits), logits.argmax(-1)) and int(greedy_tokens(logits)[3]) == 7
+    assert torch.equal(greedy_tokens(logits.float()), logits.float().argmax(-1))
+    assert greedy_tokens(logits[0]).ndim == 0

@@ -40,7 +40,7 @@ from specdec_lab.decoders.speculative import accept_greedy, accept_sampled
 from specdec_lab.decoders.trees import is_chain
 from specdec_lab.memory import PeakMemory
 from specdec_lab.result import CORRECTION, DRAFT_MODEL, TARGET, GenerationResult
-from specdec_lab.sampling import GREEDY, Sampling, next_token, probabilities, sample
+from specdec_lab.sampling import GREEDY, Sampling, greedy_tokens, next_token, probabilities, sample
 
 PAD_ID = 0  # the token id padding cells hold; no query ever sees them, so any id does
 
@@ -316,7 +316,7 @@ class BatchedDraft:
             self.forwards += 1
             for row, row_logits in enumerate(logits):
                 if sampling.greedy:  # greedy verification needs no q
-                    proposed[row].append(int(row_logits.argmax()))
+                    proposed[row].append(int(greedy_tokens(row_logits)))
                 else:
                     q = probabilities(row_logits, sampling)
                     proposed[row].append(int(sample(q, rng)))

@@ -21,7 +21,7 @@ from specdec_lab.cost_model import (cost_at, expected_tokens_per_step, nodes_wor
                                     verify_costs)
 from specdec_lab.method import SCHEDULES, HybridSettings
 from specdec_lab.result import DRAFT_MODEL, PROMPT_LOOKUP, SUFFIX
-from specdec_lab.sampling import Sampling, probabilities, sample
+from specdec_lab.sampling import Sampling, greedy_tokens, probabilities, sample
 
 
 @dataclass
@@ -114,7 +114,7 @@ class DraftModelCandidates:
             self.forwards += 1
             self.cached_length += len(pending)
             if sampling.greedy:  # greedy verification needs no q: skip the vocabulary-sized work
-                token = int(logits.argmax())
+                token = int(greedy_tokens(logits))
                 top_probability = float(logits.float().softmax(-1).max()) if self.confidence_threshold else 1.0
             else:
                 q = probabilities(logits, sampling)

@@ -28,6 +28,7 @@ from specdec_lab.decoders.autoregressive import prefill
 from specdec_lab.decoders.backend import Sequence, open_sequence
 from specdec_lab.decoders.common import DecodingRun, Provenance, cut_at_stop
 from specdec_lab.quality import common_prefix_length
+from specdec_lab.sampling import greedy_tokens
 from specdec_lab.result import (CORRECTION, FAST_FORWARD, STATIONARY, TARGET, BlockTrace, GenerationResult,
                                 JacobiBlock, JacobiStats)
 
@@ -86,7 +87,7 @@ def jacobi_iteration(sequence: Sequence, state: list[int], fixed_in_block: int, 
     tokens before it). Returns the new block state, how many tokens became fixed, and the certain
     token after them. Only the fixed tokens' cache entries are kept: they saw a correct context."""
     open_block = state[fixed_in_block:]
-    predictions = sequence.forward(open_block).argmax(-1).tolist()
+    predictions = greedy_tokens(sequence.forward(open_block)).tolist()
     fixed = count_fixed(open_block, predictions)
     sequence.crop(cached_length + fixed)
     # every open position takes the prediction from the guesses before it; the first stays (it was certain)
@@ -134,7 +135,7 @@ def generate(
     provenance = Provenance()
 
     with run:
-        known = int(prefill(sequence, prompt_ids).argmax(-1))  # the next token, certain
+        known = int(greedy_tokens(prefill(sequence, prompt_ids)))  # the next token, certain
         provenance.add(0, [TARGET])
         run.first_token_done()
         stopped = known in stop_ids or max_new_tokens == 1

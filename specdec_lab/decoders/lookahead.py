@@ -40,6 +40,7 @@ from specdec_lab.decoders.backend import Sequence as KVSequence, engine, open_se
 from specdec_lab.decoders.common import DecodingRun, Provenance, cut_at_stop
 from specdec_lab.method import LookaheadConfig
 from specdec_lab.result import CORRECTION, LOOKAHEAD_NGRAM, TARGET, GenerationResult
+from specdec_lab.sampling import greedy_tokens
 
 
 # --- the n-gram pool --------------------------------------------------------------------------------
@@ -185,7 +186,7 @@ def lookahead_step(sequence: KVSequence, inputs: list[int], levels: list[list[in
     keep = [len(inputs) - 1, *range(newest, len(inputs) + len(window)),
             *range(len(inputs) + len(window), len(positions))]
     tokens = [*inputs, *window, *(t for candidate in candidates for t in candidate)]
-    predictions = sequence.forward(tokens, keep=keep, positions=positions, visible=visible).argmax(-1).tolist()
+    predictions = greedy_tokens(sequence.forward(tokens, keep=keep, positions=positions, visible=visible)).tolist()
     sequence.crop(cached + len(inputs))  # window and candidates saw guesses: drop them
 
     first, newest_predictions = predictions[0], predictions[1:1 + len(levels[-1])]

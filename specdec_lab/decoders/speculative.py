@@ -22,12 +22,12 @@ from specdec_lab.decoders.backend import Sequence, open_sequence, vocab_size
 from specdec_lab.decoders.common import DecodingRun, Provenance, cut_at_stop
 from specdec_lab.decoders.trees import is_chain, parents_of, step_origins, verify_tree
 from specdec_lab.result import PROPOSAL, GenerationResult
-from specdec_lab.sampling import GREEDY, Sampling, next_token, probabilities, sample
+from specdec_lab.sampling import GREEDY, Sampling, greedy_tokens, next_token, probabilities, sample
 
 
 def accept_greedy(target_logits: torch.Tensor, candidates: list[int]) -> tuple[int, int]:
     """(number of candidates accepted, the target's next token after them)."""
-    target_choice = target_logits.argmax(-1).tolist()
+    target_choice = greedy_tokens(target_logits).tolist()
     accepted = 0
     while accepted < len(candidates) and candidates[accepted] == target_choice[accepted]:
         accepted += 1

@@ -23,7 +23,7 @@ from __future__ import annotations
 import torch
 
 from specdec_lab.result import CORRECTION, TARGET, side_branch
-from specdec_lab.sampling import Sampling, probabilities, sample
+from specdec_lab.sampling import Sampling, greedy_tokens, probabilities, sample
 
 
 # --- the tree's geometry -----------------------------------------------------------------------------
@@ -108,7 +108,7 @@ def tree_mask(cached: int, inputs: int, parents: list[int]) -> torch.Tensor:
 def accept_tree_greedy(logits: torch.Tensor, token_ids: list[int], parents: list[int]) -> tuple[list[int], int]:
     """(accepted path of node indices, the target's next token after it). Row 0 of `logits` follows the
     sequence's last token, row 1 + i follows node i."""
-    choice = logits.argmax(-1).tolist()
+    choice = greedy_tokens(logits).tolist()
     below = children(parents)
     path, node = [], -1
     while True:
