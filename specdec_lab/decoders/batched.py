@@ -314,9 +314,10 @@ class BatchedDraft:
         for _ in range(k):
             logits = self.cache.forward(pending, keep=1)[:, -1, : self.vocab_size]
             self.forwards += 1
+            choices = greedy_tokens(logits).tolist() if sampling.greedy else None  # all rows at once
             for row, row_logits in enumerate(logits):
                 if sampling.greedy:  # greedy verification needs no q
-                    proposed[row].append(int(greedy_tokens(row_logits)))
+                    proposed[row].append(choices[row])
                 else:
                     q = probabilities(row_logits, sampling)
                     proposed[row].append(int(sample(q, rng)))

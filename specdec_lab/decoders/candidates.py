@@ -114,8 +114,9 @@ class DraftModelCandidates:
             self.forwards += 1
             self.cached_length += len(pending)
             if sampling.greedy:  # greedy verification needs no q: skip the vocabulary-sized work
-                token = int(greedy_tokens(logits))
-                top_probability = float(logits.float().softmax(-1).max()) if self.confidence_threshold else 1.0
+                wide = logits.float()  # one fp32 copy for the argmax and the confidence
+                token = int(greedy_tokens(wide))
+                top_probability = float(wide.softmax(-1).max()) if self.confidence_threshold else 1.0
             else:
                 q = probabilities(logits, sampling)
                 token = int(sample(q, rng))
