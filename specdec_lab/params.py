@@ -168,6 +168,17 @@ def _lookahead_configs(name: str, value) -> str | None:
     return f"{name}: {problem}" if problem else None
 
 
+RECIPE_KEYS = ("learning_rate", "ar_weight")  # what a CLLM training recipe may set (04's training_recipes)
+
+
+def _training_recipes(name: str, value) -> str | None:
+    example = "[{learning_rate: 3.0e-05}, {learning_rate: 1.0e-05, ar_weight: 20.0}]"
+    if not isinstance(value, list) or any(not isinstance(v, dict) or not set(v) <= set(RECIPE_KEYS) for v in value):
+        return (f"{name} must be a list of mappings with keys among {list(RECIPE_KEYS)} (each overrides those "
+                f"parameters for one training run; empty: the one run they set), like {example}, got {value!r}")
+    return next((p for v in value for key, x in v.items() for p in [_positive_number(f"{name}: {key}", x)] if p), None)
+
+
 def _model_dtype_list(name: str, value) -> str | None:
     example = "[{model: smollm2-135m-instruct, dtype: float32}]"
     if not isinstance(value, list) or any(not isinstance(v, dict) or set(v) != {"model", "dtype"} for v in value):
@@ -238,6 +249,9 @@ RULES: dict[str, Callable[[str, object], str | None]] = {
     "mixed_precision": _one_of([*MIXED_PRECISION, "auto"]),  # auto: bf16 where the CPU multiplies bf16 in hardware
     "checkpoint_every": _positive_int,
     "learning_curve_prompts": _non_negative_int,  # 0: no learning curve
+    "label_smoothing": _fraction,
+    "training_recipes": _training_recipes,  # several: the learning curves choose among them
+    "max_nll_rise": _non_negative_number,  # how far a checkpoint may drift from the base's text to be chosen
     "reference_model": _model_spec,
     "reference_dtype": _one_of(["auto", *sorted(models.DTYPES)]),  # auto: the fastest path measured on this CPU
     "reference_prompts": _positive_int,
@@ -313,7 +327,16 @@ def problems(notebook: str, values: Mapping) -> list[str]:
         if problem:
             found.append(problem)
     return (found + auto_dtype_problems(notebook, values) + tree_problems(values) + batch_problems(values)
-            + vllm_problems(values))
+            + vllm_problems(values) + recipe_problems(values))
+
+
+def recipe_problems(values: Mapping) -> list[str]:
+    """04 chooses among several training recipes by their learning curves: more than one needs a curve."""
+    recipes = values.get("training_recipes")
+    if isinstance(recipes, list) and len(recipes) > 1 and values.get("learning_curve_prompts") == 0:
+        return [f"training_recipes: {len(recipes)} recipes are chosen among by their learning curves, which "
+                "learning_curve_prompts: 0 turns off: set learning_curve_prompts >= 1, or keep one recipe"]
+    return []
 
 
 def tree_problems(values: Mapping) -> list[str]:

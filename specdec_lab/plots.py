@@ -349,27 +349,38 @@ def block_token_counts(blocks: pd.DataFrame, title: str = "Fast-forwarded and st
 
 
 def training_curves(losses: pd.DataFrame, window: int = 10, title: str = "CLLM training"):
-    """Total, AR and consistency loss per optimizer step (thin) and their moving average (thick)."""
-    columns = [("loss", "total (weighted)"), ("ar_loss", "AR (label-smoothed CE)"),
-               ("consistency_loss", "consistency (KL)")]
+    """Total, AR and consistency loss per optimizer step (thin) and their moving average (thick), one
+    colour per training recipe (a `recipe` column, where there is one)."""
+    columns = [("loss", "total (weighted)"), ("ar_loss", "AR (cross-entropy)"), ("consistency_loss", "consistency (KL)")]
     fig, axes = plt.subplots(1, 3, figsize=(15, 3.8))
-    for ax, (column, label) in zip(axes, columns):
-        ax.plot(losses.step, losses[column], alpha=0.3, linewidth=0.8)
-        ax.plot(losses.step, losses[column].rolling(window, min_periods=1).mean(), linewidth=2)
-        ax.set(xlabel="optimizer step", ylabel=label)
+    runs = losses.groupby("recipe", sort=False) if "recipe" in losses else [("", losses)]
+    for (recipe, run), color in zip(runs, sns.color_palette("tab10")):
+        for ax, (column, label) in zip(axes, columns):
+            ax.plot(run.step, run[column], alpha=0.3, linewidth=0.8, color=color)
+            ax.plot(run.step, run[column].rolling(window, min_periods=1).mean(), linewidth=2, color=color,
+                    label=recipe or None)
+            ax.set(xlabel="optimizer step", ylabel=label)
+    if "recipe" in losses and losses.recipe.nunique() > 1:
+        axes[0].legend(fontsize=8)
     return _finish(fig, title)
 
 
-def learning_curve(curve: pd.DataFrame, title: str = "CLLM learning curve on held-out prompts"):
-    """Tokens per forward of Jacobi decoding (and the share answered right, where the prompt set has
-    an answer key) at every checkpoint; step 0 is the base model."""
-    with_accuracy = curve.exact_match.notna().any()
-    fig, axes = plt.subplots(1, 2 if with_accuracy else 1, figsize=(11 if with_accuracy else 5.5, 3.6), squeeze=False)
-    axes[0, 0].plot(curve.step, curve.tokens_per_target_forward, marker="o")
-    axes[0, 0].set(xlabel="training steps", ylabel="tokens per forward (mean over prompts)")
-    if with_accuracy:
-        axes[0, 1].plot(curve.step, curve.exact_match, marker="o", color="tab:green")
-        axes[0, 1].set(xlabel="training steps", ylabel="answered right", ylim=(0, 1))
+def learning_curve(curve: pd.DataFrame, title: str = "CLLM learning curves on held-out validation prompts"):
+    """Against training steps, one line per recipe (step 0 is the base model): tokens per forward of
+    Jacobi decoding, the NLL of the base model's greedy answers (how far the text drifted), and the share
+    answered right where the prompt set has an answer key."""
+    panels = [("tokens_per_target_forward", "tokens per forward (mean over prompts)"),
+              ("nll_per_token", "NLL of the base's answers (nats/token)")]
+    if curve.exact_match.notna().any():
+        panels.append(("exact_match", "answered right"))
+    fig, axes = plt.subplots(1, len(panels), figsize=(5.5 * len(panels), 3.6), squeeze=False)
+    for (recipe, run), color in zip(curve.groupby("recipe", sort=False), sns.color_palette("tab10")):
+        for ax, (column, label) in zip(axes[0], panels):
+            ax.plot(run.step, run[column], marker="o", color=color, label=recipe)
+            ax.set(xlabel="training steps", ylabel=label)
+    if "exact_match" in dict(panels):
+        axes[0, -1].set_ylim(0, 1)
+    axes[0, 0].legend(fontsize=8)
     return _finish(fig, f"{title} ({int(curve.prompts.max())} prompts)")
 
 

@@ -232,17 +232,19 @@ def test_forward_check_findings_name_the_parallel_decoders_above_the_curve():
 
 def test_the_learning_trend_reads_the_later_half_of_training():
     curve = pd.DataFrame({"step": [0, 16, 32, 48, 64], "tokens_per_target_forward": [1.05, 1.3, 1.2, 1.3, 1.4],
-                          "exact_match": 0.5, "prompts": 4})
+                          "exact_match": 0.5, "prompts": 4, "recipe": "lr 3e-05, AR weight 10"})
+    other = curve.assign(recipe="lr 1e-05, AR weight 10", tokens_per_target_forward=[1.05, 1.0, 1.0, 1.0, 1.0])
     trend = cllm_tables.learning_trend(curve, goal=2.0)
     # the line through (32, 1.2), (48, 1.3), (64, 1.4): +0.1 per 16 steps, 0.6 to go after step 64
     assert (trend.first, trend.last, trend.last_step) == (1.05, 1.4, 64)
     assert trend.slope_per_100_steps == pytest.approx(0.625) and trend.steps_to_goal == pytest.approx(96.0)
-    text = cllm_words.learning_curve_findings(curve)
-    assert "from **1.05** (the base model) to **1.40** after 64 steps" in text and "+0.62 per 100 steps" in text
+    text = cllm_words.learning_curve_findings(pd.concat([other, curve]), "lr 3e-05, AR weight 10")  # that recipe's
+    assert "With lr 3e-05, AR weight 10, Jacobi tokens per forward went from **1.05** (the base model) to **1.40** after 64 steps" in text
+    assert "+0.62 per 100 steps" in text
     assert "after about 96 more steps" in text
     flat = curve.assign(tokens_per_target_forward=[1.05, 1.3, 1.3, 1.3, 1.3])
     assert cllm_tables.learning_trend(flat).steps_to_goal is None
-    assert "more steps of this recipe would not reach 2.0" in cllm_words.learning_curve_findings(flat)
+    assert "more steps of this recipe would not reach 2.0" in cllm_words.learning_curve_findings(flat, flat.recipe[0])
     assert cllm_tables.learning_trend(curve, goal=1.4).steps_to_goal == 0.0
     assert cllm_tables.learning_trend(curve.head(1)) is None
 
@@ -271,21 +273,95 @@ def test_train_config_takes_the_notebook_parameters_by_name(monkeypatch):
                                             "sft_answers_per_step": 1}).snapshots  # not the fine-tuning before it
 
 
-def test_learning_curve_table_reads_each_step_from_its_first_repeat():
+def test_learning_curve_table_reads_each_recipe_and_step_from_its_first_repeat():
     key = quality.AnswerKey("final-number exact match", {"a": "1", "b": "2"}, quality.answer_is_correct, "answers")
+    answers = pd.Series({"a": [1, 2, 3, 4], "b": [5, 6, 7, 8]})  # the base model's greedy answers
+    fast, slow = "lr 3e-05, AR weight 10", "lr 1e-05, AR weight 10"
+    point = lambda decoder, prompt, recipe, step, **extra: row(decoder, prompt, recipe=recipe, step=step,  # noqa: E731
+                                                              folder=f"{recipe}/{step}", **extra)
+    loop = [9, 8, 7, 6, 5, 4, 3, 2] * 3
     rows = pd.DataFrame([
-        row(lineups.BASE_JACOBI, "a", text="#### 1", step=0, tokens_per_target_forward=1.0),
-        row(lineups.BASE_JACOBI, "b", text="#### 5", step=0, tokens_per_target_forward=1.2),
-        row("Jacobi (CLLM after 4 steps)", "a", text="#### 1", step=4, tokens_per_target_forward=1.5),
-        row("Jacobi (CLLM after 4 steps)", "b", text="#### 2", step=4, tokens_per_target_forward=1.9),
-        row("Jacobi (CLLM after 4 steps)", "b", repeat=1, text="#### 9", step=4, tokens_per_target_forward=9.0),
-        row(lineups.CLLM_JACOBI, "a", text="#### 7", step=8, tokens_per_target_forward=2.5),
-        row(lineups.CLLM_JACOBI, "b", text="#### 2", step=8, tokens_per_target_forward=2.1)])
-    curve = cllm_tables.learning_curve_table(rows, key)
-    assert curve.step.tolist() == [0, 4, 8] and curve.prompts.tolist() == [2, 2, 2]
-    assert curve.tokens_per_target_forward.tolist() == pytest.approx([1.1, 1.7, 2.3])
-    assert curve.exact_match.tolist() == [0.5, 1.0, 0.5]
-    assert cllm_tables.learning_curve_table(rows, None).exact_match.isna().all()  # no answer key: no accuracy
+        *(point(lineups.BASE_JACOBI, p, recipe, 0, text=f"#### {gold}", tokens=answers[p], nll_per_token=0.2,
+                tokens_per_target_forward=tpf)
+          for recipe in (fast, slow) for p, gold, tpf in (("a", 1, 1.0), ("b", 5, 1.2))),
+        point("Jacobi (CLLM, fast, after 4 steps)", "a", fast, 4, text="#### 1", tokens=[1, 2, 9, 9], nll_per_token=0.3,
+              tokens_per_target_forward=1.5),
+        point("Jacobi (CLLM, fast, after 4 steps)", "b", fast, 4, text="#### 2", tokens=loop, nll_per_token=0.5,
+              tokens_per_target_forward=1.9),
+        point("Jacobi (CLLM, fast, after 4 steps)", "b", fast, 4, repeat=1, text="#### 9", tokens=[0],
+              nll_per_token=9.0, tokens_per_target_forward=9.0),
+        point("Jacobi (CLLM, slow, after 4 steps)", "a", slow, 4, text="#### 7", tokens=[1, 2, 3, 4], nll_per_token=0.2,
+              tokens_per_target_forward=1.1),
+        point("Jacobi (CLLM, slow, after 4 steps)", "b", slow, 4, text="#### 2", tokens=[5, 6, 7, 8],
+              nll_per_token=0.2, tokens_per_target_forward=1.3)])
+    curve = cllm_tables.learning_curve_table(rows, key, answers)
+    assert list(zip(curve.recipe, curve.step)) == [(fast, 0), (slow, 0), (fast, 4), (slow, 4)]
+    assert curve.tokens_per_target_forward.tolist() == pytest.approx([1.1, 1.1, 1.7, 1.2])  # repeat 1 left out
+    assert curve.exact_match.tolist() == [0.5, 0.5, 1.0, 0.5]
+    assert curve.agreement.tolist() == pytest.approx([1.0, 1.0, (0.5 + 0.0) / 2, 1.0])
+    assert curve.nll_per_token.tolist() == pytest.approx([0.2, 0.2, 0.4, 0.2])
+    assert curve.looping.tolist() == [0, 0, 1, 0] and curve.prompts.tolist() == [2, 2, 2, 2]
+    assert curve.folder.tolist() == [f"{fast}/0", f"{slow}/0", f"{fast}/4", f"{slow}/4"]
+    assert cllm_tables.learning_curve_table(rows, None, answers).exact_match.isna().all()  # no answer key: no accuracy
+
+
+def learning_curves(*points) -> pd.DataFrame:
+    """(recipe, step, tokens per forward, NLL of the base's answers, looping answers) -> a learning curve."""
+    return pd.DataFrame([{"recipe": recipe, "step": step, "tokens_per_target_forward": tpf, "nll_per_token": nll,
+                          "looping": looping, "folder": f"{recipe}/{step}"}
+                         for recipe, step, tpf, nll, looping in points])
+
+
+def test_the_cllm_is_the_checkpoint_that_fixes_most_tokens_a_forward_while_keeping_the_text():
+    curve = learning_curves(("fast", 0, 1.1, 0.20, 0), ("slow", 0, 1.1, 0.20, 0),
+                            ("fast", 16, 1.5, 0.28, 0), ("fast", 32, 1.9, 0.45, 0),  # drifted past 0.20 + 0.1
+                            ("slow", 16, 1.3, 0.22, 0), ("slow", 32, 1.6, 0.29, 0), ("slow", 48, 1.7, 0.25, 1))  # loops
+    choice = cllm_tables.chosen_checkpoint(curve, max_nll_rise=0.1)
+    assert (choice.recipe, choice.step, choice.folder, choice.kept_the_text) == ("slow", 32, "slow/32", True)
+    assert choice.nll_limit == pytest.approx(0.30)
+    # a wider allowance takes the faster, more drifted one; ties go to the earlier step
+    assert cllm_tables.chosen_checkpoint(curve, max_nll_rise=0.3).step == 32
+    tie = learning_curves(("r", 0, 1.0, 0.2, 0), ("r", 8, 1.4, 0.2, 0), ("r", 16, 1.4, 0.2, 0))
+    assert cllm_tables.chosen_checkpoint(tie, 0.1).step == 8
+    # none kept the text: the least drifted is taken, and the choice says so
+    drifted = learning_curves(("r", 0, 1.0, 0.2, 0), ("r", 8, 1.4, 0.6, 0), ("r", 16, 2.4, 0.9, 0))
+    choice = cllm_tables.chosen_checkpoint(drifted, 0.1)
+    assert (choice.step, choice.kept_the_text) == (8, False)
+
+
+def test_the_choice_is_said_with_its_numbers():
+    curve = learning_curves(("fast", 0, 1.1, 0.20, 0), ("fast", 16, 1.5, 0.28, 0)).assign(prompts=4, agreement=[1.0, 0.4])
+    tables = synthetic_cllm_tables()
+    tables.learning_curve, tables.choice = curve, cllm_tables.chosen_checkpoint(curve, 0.1)
+    text = cllm_words.choice_findings(tables, {"max_nll_rise": 0.1})
+    for expected in ("read on 4 held-out prompts", "1 recipe trained (fast)", "within 0.10 nats a token of the base's "
+                     "own (0.200, so at most 0.300)", "**fast, after 16 steps**: 1.50 tokens per forward (base 1.10), "
+                     "NLL 0.280, agreement with the base's text 40%."):
+        assert expected in text, expected
+    assert cllm_words.headline(tables)["CLLM taken at (by its learning curves)"] == "fast, step 16"
+    tables.choice = cllm_tables.chosen_checkpoint(curve.assign(nll_per_token=[0.2, 0.9]), 0.1)
+    assert "**No trained checkpoint kept it.**" in cllm_words.choice_findings(tables, {"max_nll_rise": 0.1})
+    assert cllm_words.headline(tables)["CLLM taken at (by its learning curves)"].endswith("the least drifted)")
+
+
+def test_recipes_are_one_training_run_each_on_the_shared_parameters():
+    params = {"train_steps": 7, "learning_rate": 1e-4, "ar_weight": 5.0, "learning_curve_prompts": 2,
+              "training_recipes": [{"learning_rate": 3e-5}, {"ar_weight": 20.0}]}
+    configs = cllm.recipes(params)
+    assert [(c.learning_rate, c.ar_weight, c.steps) for c in configs] == [(3e-5, 5.0, 7), (1e-4, 20.0, 7)]
+    assert [c.recipe() for c in configs] == ["lr 3e-05, AR weight 5", "lr 0.0001, AR weight 20"]
+    assert cllm.recipes(params | {"training_recipes": []}) == [cllm.train_config(params)]
+
+
+def test_the_learning_curves_read_held_out_prompts_the_comparison_never_uses():
+    params = {"prompt_set": "gsm-symbolic", "held_out_fraction": 0.3, "seed": 0, "eval_prompts": 8,
+              "learning_curve_prompts": 4}
+    train_side, compared, validation = cllm.split(params)
+    assert len(compared) == 8 and len(validation) == 4
+    assert not {p.id for p in compared} & {p.id for p in validation}
+    assert not {p.group for p in train_side} & {p.group for p in [*compared, *validation]}
+    with pytest.raises(ValueError, match="eval_prompts = 8 and learning_curve_prompts = 100000 need 100008 held-out"):
+        cllm.split(params | {"learning_curve_prompts": 100_000})
 
 
 def test_block_table_reads_jacobi_rows_only():
@@ -368,7 +444,7 @@ def synthetic_cllm_tables() -> cllm_tables.Tables:
         seen_and_held_out=both,
         tokens_per_forward_by_prompts=pd.DataFrame({"trained on": [1.1, 1.6]}, index=names[1:]),
         nll=pd.DataFrame({"model": ["base", "CLLM"], "nll_per_token": [0.7, 1.4]}), looping=1,
-        cost_curves=curves(), break_even=cllm_tables.break_even_table(curves(), 16, []))
+        cost_curves=curves(), break_even=cllm_tables.break_even_table(curves(), 16, []), cllm_step=3)
 
 
 def test_cllm_findings_say_what_the_tables_hold():

@@ -99,6 +99,13 @@ CLLM_GOOD = params.load_yaml(REPO_ROOT / "params/smoke/04_cllm.yaml")
     ({"reference_dtype": "auto", "device": "cuda"}, "reference_dtype 'auto' chooses among torch's CPU paths, but "
                                                     "device is 'cuda'"),
     ({"learning_curve_prompts": -1}, "learning_curve_prompts must be an integer >= 0"),
+    ({"training_recipes": [{"lr": 1e-5}]}, "training_recipes must be a list of mappings with keys among "
+                                           "['learning_rate', 'ar_weight']"),
+    ({"training_recipes": [{"learning_rate": 0}]}, "training_recipes: learning_rate must be a number > 0, got 0"),
+    ({"training_recipes": [{"learning_rate": 1e-5}, {"ar_weight": 3.0}], "learning_curve_prompts": 0},
+     "training_recipes: 2 recipes are chosen among by their learning curves, which learning_curve_prompts: 0 turns off"),
+    ({"label_smoothing": 1.5}, "label_smoothing must be a number in [0, 1]"),
+    ({"max_nll_rise": -0.1}, "max_nll_rise must be a number >= 0"),
 ])
 def test_bad_parallel_decoding_values_are_named(change, message):
     found = params.problems("04_cllm", CLLM_GOOD | change)

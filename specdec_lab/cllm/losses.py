@@ -8,8 +8,10 @@ with the fixed point itself; "local" with the next state of the trajectory. The 
 fixed point's whole distribution ("soft"); "hard" uses cross-entropy on the fixed point's tokens
 instead (its argmax there): only the argmax decides whether Jacobi keeps a token, and a small model's
 flat distributions spread a soft target's signal over tokens that never matter.
-AR: label-smoothed cross-entropy on the greedy output, which keeps the model's own text from drifting.
-Total = ar_weight * AR + consistency_weight * consistency; the reference code uses 10 : 1.
+AR: cross-entropy on the greedy output, which keeps the model's own text from drifting (the reference
+code smooths its labels by 0.1; over a vocabulary of 152k that term, not the text, is most of the loss, so
+smoothing is a setting here, off by default). Total = ar_weight * AR + consistency_weight * consistency;
+the reference code uses 10 : 1.
 """
 
 from __future__ import annotations
@@ -32,7 +34,7 @@ class LossWeights:
     ar_weight: float = 10.0
     consistency_weight: float = 1.0
     consistency: str = "global"  # or "local"
-    label_smoothing: float = 0.1
+    label_smoothing: float = 0.0
     consistency_target: str = "soft"  # or "hard"
 
     def __post_init__(self):
@@ -75,7 +77,7 @@ def hard_consistency_loss(student_logits: torch.Tensor, target_tokens: Sequence[
     return ar_loss(student_logits[mask.to(student_logits.device)], kept, label_smoothing=0.0)
 
 
-def ar_loss(logits: torch.Tensor, labels: Sequence[int], label_smoothing: float = 0.1) -> torch.Tensor:
+def ar_loss(logits: torch.Tensor, labels: Sequence[int], label_smoothing: float = 0.0) -> torch.Tensor:
     """Cross-entropy of the rows of `logits` (one per label) against `labels`."""
     target = torch.tensor(list(labels), dtype=torch.long, device=logits.device)
     return F.cross_entropy(logits.float(), target, label_smoothing=label_smoothing)

@@ -23,8 +23,8 @@ from specdec_lab.decoders.backend import stop_token_ids
 from specdec_lab.experiments import common, lineups
 from specdec_lab.experiments.cllm_tables import (Tables, accuracy, block_summary, block_table, break_even_table,
                                                  extra_memory, forward_cost_check, forward_sizes, groups,
-                                                 learning_curve_table, looping_answers, ms_per_decode_forward,
-                                                 paired_answers, seen_and_held_out)
+                                                 chosen_checkpoint, learning_curve_table, looping_answers,
+                                                 ms_per_decode_forward, paired_answers, seen_and_held_out)
 from specdec_lab.experiments.cllm_words import headline
 from specdec_lab.models import LLAMA_CPP, LoadedModel, cpu_kernels
 from specdec_lab.runs import bench
@@ -32,15 +32,25 @@ from specdec_lab.runs import bench
 NOTEBOOK = "04_cllm"
 
 
-def split(params: dict) -> tuple[list[data.Prompt], list[data.Prompt]]:
-    """All prompts of the training groups (Spider's databases, math templates) and the first
-    `eval_prompts` of the held-out ones (disjoint groups), each side spread round-robin over its groups.
-    The CLLM's trajectories come from the first `train_prompts` of the training side; fine-tuning on
-    reference answers draws from all of it."""
+def split(params: dict) -> tuple[list[data.Prompt], list[data.Prompt], list[data.Prompt]]:
+    """All prompts of the training groups (Spider's databases, math templates); the first
+    `eval_prompts` of the held-out ones (disjoint groups), on which the methods are compared; and the
+    next `learning_curve_prompts` held-out ones, on which the learning curves are read and the CLLM's
+    checkpoint is chosen: never the prompts it is then measured on. Each side is spread round-robin
+    over its groups. The CLLM's trajectories come from the first `train_prompts` of the training side;
+    fine-tuning on reference answers draws from all of it."""
     train_side, held_out_set = data.split_by_group(data.load_prompts(params["prompt_set"]),
                                                    params["held_out_fraction"], seed=params["seed"])
     by_group = lambda prompt: prompt.group  # noqa: E731
-    return (data.round_robin(train_side, by_group), data.round_robin(held_out_set, by_group)[:params["eval_prompts"]])
+    held_out_set = data.round_robin(held_out_set, by_group)
+    evaluated, wanted = params["eval_prompts"], params["learning_curve_prompts"]
+    if len(held_out_set) < evaluated + wanted:
+        raise ValueError(f"eval_prompts = {evaluated} and learning_curve_prompts = {wanted} need {evaluated + wanted} "
+                         f"held-out prompts, but {params['prompt_set']!r} holds out {len(held_out_set)} at "
+                         f"held_out_fraction = {params['held_out_fraction']}: lower one of them, or raise "
+                         f"held_out_fraction")
+    return (data.round_robin(train_side, by_group), held_out_set[:evaluated],
+            held_out_set[evaluated: evaluated + wanted])
 
 
 def train_config(params: dict) -> train.TrainConfig:
@@ -62,6 +72,13 @@ def mixed_precision(asked: str, device: str) -> str:
     if models.device_type(device) == "cuda":
         return "bf16"
     return "bf16" if cpu_kernels.BF16_DOT_PRODUCTS else "no"
+
+
+def recipes(params: dict) -> list[train.TrainConfig]:
+    """One training configuration per entry of `training_recipes` (each sets the learning rate or the AR
+    weight, the rest as the parameters say), or the parameters' own one where the list is empty."""
+    config = train_config(params)
+    return [replace(config, **recipe) for recipe in params.get("training_recipes") or [{}]]
 
 
 def answer_config(params: dict) -> train.TrainConfig:
@@ -103,7 +120,7 @@ def run(params: dict) -> Tables:
     model, dtype, device = params["model"], params["dtype"], params["device"]
     pretrained = models.load(model, dtype=dtype, device=device)
     curves = {(model, dtype): cost_curve(pretrained, model, dtype, params)}
-    train_side, held_out_set = split(params)
+    train_side, held_out_set, validation = split(params)
     train_set = train_side[:params["train_prompts"]]
     kind = data.GROUP_KINDS.get(params["prompt_set"], "groups")
     print(f"training: {len(train_set)} prompts over {len(groups(train_set))} {kind}")
@@ -112,8 +129,12 @@ def run(params: dict) -> Tables:
     base, base_spec, pretrained_rows = base_model(params, pretrained, train_side, held_out_set)
     del pretrained
     trained = train_cllm(params, base, base_spec, train_set)
+    curve = learning_curves(params, base, trained, validation)
+    choice = None if curve is None else chosen_checkpoint(curve, params["max_nll_rise"])
+    if choice is not None:
+        trained = replace(trained, folder=Path(choice.folder), recipe=choice.recipe, step=choice.step)
     cllm = models.load(str(trained.folder), dtype=dtype, device=device)
-    measured = {**params, "cllm": trained.folder.parent.name}  # the rows' configuration names the CLLM they ran
+    measured = {**params, "cllm": cllm_name(trained.folder)}  # the rows' configuration names the CLLM they ran
     methods = lineups.cllm(base, cllm, params["max_new_tokens"], params["block_size"], params["init"],
                            lookahead_configs=params["lookahead_configs"], prompt_lookup_k=params["prompt_lookup_k"])
     rows = bench.run(methods, held_out_set, base.tokenizer, out=common.results_file(params, NOTEBOOK, "held_out.jsonl"),
@@ -126,7 +147,6 @@ def run(params: dict) -> Tables:
     views = token_view.views_of_rows(rows, base.tokenizer)
     converging = block_trajectories({"base model": base, "CLLM": cllm}, held_out_set[0], params)
     del cllm, methods, base
-    curve = learning_curve(params, trained, rows, held_out_set, measured)
 
     reference = measure_reference(params, held_out_set, curves)
     cost_curves = measure_other_cost_curves(params, curves)
@@ -134,7 +154,7 @@ def run(params: dict) -> Tables:
     tables.forward_check = forward_cost_check(rows, forward_check)
     tables.table["extra_memory_mb"] = extra_memory(tables.table, lineups.BASE_AR, {})
     add_accuracy(tables, params, rows, pretrained_rows)
-    tables.learning_curve = curve
+    tables.learning_curve, tables.choice, tables.validation_set = curve, choice, validation
     tables.token_views, tables.trajectories = views, converging
     if reference is not None:
         tables.reference_precision = reference.precision
@@ -182,59 +202,99 @@ def base_model(params: dict, pretrained: LoadedModel, train_side: Sequence[data.
     return models.load(base_spec, dtype=params["dtype"], device=params["device"]), base_spec, pretrained_rows
 
 
-@dataclass
+@dataclass(frozen=True)
 class Trained:
-    """The CLLM's training: the trajectories collected, those kept, the loss log and the model's folder."""
+    """The CLLM's training: the trajectories collected, those kept, the loss log of every recipe (a
+    `recipe` column), the final model of every recipe's run, and the model taken as the CLLM: its
+    folder, recipe and step (a run's final model, or the checkpoint its learning curve chose)."""
 
     records: list[dict]
     kept: list[dict]
     losses: pd.DataFrame
+    runs: dict[str, Path]  # recipe -> its run's final model
     folder: Path
+    recipe: str
+    step: int
 
 
 def train_cllm(params: dict, base: LoadedModel, base_spec: str, train_set: Sequence[data.Prompt]) -> Trained:
-    """The base model's Jacobi trajectories on the training prompts, then the CLLM trained on the
-    usable ones, in `train_dtype` (fp32 weights under bf16 autocast: AdamW's small steps are lost on
-    bf16 weights)."""
+    """The base model's Jacobi trajectories on the training prompts, then a CLLM trained on the usable
+    ones for every recipe (`recipes`), in `train_dtype` (fp32 weights under bf16 autocast: AdamW's small
+    steps are lost on bf16 weights). The first recipe's final model is the CLLM until a learning curve
+    chooses (`chosen_checkpoint`)."""
     records = trajectories.collect(base.model, base.tokenizer, train_set,
                                    common.results_file(params, NOTEBOOK, "trajectories.jsonl"),
                                    params["max_new_tokens"], params["block_size"], params["init"], params["seed"],
                                    config={"model": base_spec, "dtype": params["dtype"]})
     kept, _ = trajectories.usable(records)
-    config = train_config(params)
-    run_dir = train.run_folder(common.results_file(params, NOTEBOOK, "runs"), base_spec, kept, config,
-                               params["train_dtype"])
-    folder = train.train(base_spec, kept, run_dir, config, dtype=params["train_dtype"], cpu=params["device"] == "cpu")
-    losses = pd.DataFrame(train.read_losses(run_dir))
-    print(f"CLLM in {folder}; {len(losses)} steps, {losses.step_s.sum() / 60:.1f} min of training")
-    return Trained(records, kept, losses, folder)
+    runs, losses = {}, []
+    for config in recipes(params):
+        run_dir = train.run_folder(common.results_file(params, NOTEBOOK, "runs"), base_spec, kept, config,
+                                   params["train_dtype"])
+        runs[config.recipe()] = train.train(base_spec, kept, run_dir, config, dtype=params["train_dtype"],
+                                            cpu=params["device"] == "cpu", desc=f"CLLM training ({config.recipe()})")
+        run_losses = pd.DataFrame(train.read_losses(run_dir))
+        losses.append(run_losses.assign(recipe=config.recipe()))
+        print(f"CLLM ({config.recipe()}) in {runs[config.recipe()]}; {len(run_losses)} steps, "
+              f"{run_losses.step_s.sum() / 60:.1f} min of training")
+    recipe, folder = next(iter(runs.items()))
+    return Trained(records, kept, pd.concat(losses, ignore_index=True), runs, folder, recipe,
+                   train.snapshot_step(folder))
 
 
-def learning_curve(params: dict, trained: Trained, held_out_rows: pd.DataFrame, held_out_set: Sequence[data.Prompt],
-                   measured: dict) -> pd.DataFrame | None:
-    """Jacobi decoding by the model at every checkpoint of the training, on the first
-    `learning_curve_prompts` held-out prompts (`learning_curve_table`): whether more training would
-    pay shows in the slope. Step 0 (the base model) and the last step (the CLLM) are the held-out
-    rows' own Jacobi rows; the snapshots in between decode now (counts, not times: no interleaving)."""
+def cllm_name(folder: Path) -> str:
+    """A checkpoint as the rows' configuration names it: its run's folder (a hash of the recipe and the
+    data) and the checkpoint in it."""
+    return f"{folder.parent.name}/{folder.name}"
+
+
+def learning_curves(params: dict, base: LoadedModel, trained: Trained,
+                    validation: Sequence[data.Prompt]) -> pd.DataFrame | None:
+    """Jacobi decoding by the base model (step 0) and by every recipe's model at each of its checkpoints,
+    on the validation prompts (held out, never the compared ones), with the NLL of the base model's
+    greedy answers to them under each model (`learning_curve_table`): whether more training would pay
+    shows in the slope, and which recipe and step keep the base's text while fixing the most tokens
+    per forward (`chosen_checkpoint`). Counts, not times: nothing here is interleaved. None without
+    `learning_curve_prompts`."""
     if not params["learning_curve_prompts"]:
+        for run in trained.runs.values():
+            if params["train_steps"] > params["checkpoint_every"] and not train.snapshots(run.parent):
+                print(f"learning curve: none in this profile (learning_curve_prompts: 0); {run.parent} keeps no "
+                      "snapshots for one")
         return None
-    prompts = list(held_out_set[:params["learning_curve_prompts"]])
-    ends = held_out_rows[held_out_rows.prompt_id.isin({p.id for p in prompts})]
-    snapshots = train.snapshots(trained.folder.parent)
-    if not snapshots and params["train_steps"] > params["checkpoint_every"]:
-        print(f"learning curve: {trained.folder.parent} was trained without snapshots, so the curve has its two ends "
-              "only; delete that folder to train again with them")
-    points = [ends[ends.decoder == lineups.BASE_JACOBI].assign(step=0)]
-    for folder in tqdm(snapshots, desc="learning curve", unit="checkpoint"):
+    out = common.results_file(params, NOTEBOOK, "learning_curve.jsonl")
+    base_rows = bench.run([lineups.ar(base, params["max_new_tokens"], name=lineups.BASE_AR),
+                           lineups.jacobi_method(base, params["max_new_tokens"], params["block_size"], params["init"],
+                                                 lineups.BASE_JACOBI, lossless=True)],
+                          validation, base.tokenizer, repeats=1, warmup=0, config=params, desc="validation: base",
+                          out=out)
+    answers = metrics.reference_tokens(base_rows, lineups.BASE_AR)
+    base_point = with_answer_nll(base, base_rows[base_rows.decoder == lineups.BASE_JACOBI], validation, answers)
+    points = [base_point.assign(recipe=recipe, step=0, folder="") for recipe in trained.runs]
+    checkpoints = [(recipe, folder) for recipe, final in trained.runs.items()
+                   for folder in [*train.snapshots(final.parent), final]]
+    for recipe, folder in tqdm(checkpoints, desc="learning curves", unit="checkpoint"):
         step = train.snapshot_step(folder)
         model = models.load(str(folder), dtype=params["dtype"], device=params["device"])
         method = lineups.jacobi_method(model, params["max_new_tokens"], params["block_size"], params["init"],
-                                       f"Jacobi (CLLM after {step} steps)", lossless=False)
-        rows = bench.run([method], prompts, model.tokenizer, repeats=1, warmup=0, config=measured, desc=f"step {step}",
-                         out=common.results_file(params, NOTEBOOK, "learning_curve.jsonl"))
-        points.append(rows.assign(step=step))
-    points.append(ends[ends.decoder == lineups.CLLM_JACOBI].assign(step=train.snapshot_step(trained.folder)))
-    return learning_curve_table(pd.concat(points, ignore_index=True), quality.answer_key(params["prompt_set"]))
+                                       f"Jacobi (CLLM, {recipe}, after {step} steps)", lossless=False)
+        rows = bench.run([method], validation, model.tokenizer, repeats=1, warmup=0,
+                         config={**params, "cllm": cllm_name(folder)}, desc=f"{recipe}, step {step}", out=out)
+        points.append(with_answer_nll(model, rows, validation, answers).assign(recipe=recipe, step=step,
+                                                                               folder=str(folder)))
+        del model
+    return learning_curve_table(pd.concat(points, ignore_index=True), quality.answer_key(params["prompt_set"]),
+                                answers)
+
+
+@torch.no_grad()
+def with_answer_nll(model: LoadedModel, rows: pd.DataFrame, prompts: Sequence[data.Prompt],
+                    answers: pd.Series) -> pd.DataFrame:
+    """The rows with `nll_per_token`: the mean NLL of the base model's greedy answer to each row's prompt
+    under `model` (how far the model has drifted from the base as a language model, prompt by prompt)."""
+    nll = {prompt.id: float(quality.continuation_nll(model.model, data.encode(model.tokenizer, prompt),
+                                                     answers[prompt.id]).mean()) for prompt in prompts}
+    return rows.assign(nll_per_token=rows.prompt_id.map(nll))
 
 
 def measure_training_prompts(params: dict, base: LoadedModel, cllm: LoadedModel, train_set: Sequence[data.Prompt],
@@ -306,6 +366,7 @@ def assemble(params: dict, train_set, held_out_set, trained: Trained, rows: pd.D
         nll, looping_answers(rows, lineups.CLLM_JACOBI), cost_curves,
         break_even_table(cost_curves, params["block_size"], params["lookahead_configs"]))
     tables.cllm_lookahead, tables.base_lookahead = lineups.cllm_lookahead_names(params["lookahead_configs"])
+    tables.cllm_recipe, tables.cllm_step = trained.recipe, trained.step
     return tables
 
 

@@ -41,7 +41,11 @@ class Tables:
     answer_key: quality.AnswerKey | None = None  # the prompt set's gold answers and how they are matched
     accuracy: pd.DataFrame | None = None  # per method: the share of its held-out answers that are right
     accuracy_pairs: dict | None = None  # base vs CLLM prompt by prompt (`paired_answers`)
-    learning_curve: pd.DataFrame | None = None  # per checkpoint: step, tokens per forward, exact match, prompts
+    learning_curve: pd.DataFrame | None = None  # per recipe and checkpoint (`learning_curve_table`)
+    choice: Choice | None = None  # the checkpoint the learning curves chose as the CLLM (`chosen_checkpoint`)
+    validation_set: list[data.Prompt] | None = None  # the held-out prompts the learning curves were read on
+    cllm_recipe: str = ""  # the CLLM's training recipe (`TrainConfig.recipe`) and the step it was taken at
+    cllm_step: int = 0
     cllm_lookahead: str | None = None  # the method name of lookahead decoding on the CLLM, when run
     base_lookahead: str | None = None  # and of lookahead on the base model with the same W, N, G
     token_views: object = None  # the first held-out prompt, every method's text coloured by token origin (HTML)
@@ -139,16 +143,57 @@ def accuracy(rows: pd.DataFrame, key: quality.AnswerKey) -> pd.DataFrame:
     return pd.DataFrame({"exact_match": matches.mean(), "prompts": matches.size()})
 
 
-def learning_curve_table(rows: pd.DataFrame, key: quality.AnswerKey | None) -> pd.DataFrame:
-    """Per training step (a `step` column on Jacobi rows): tokens per forward (mean over prompts, first
-    repeat), the share of answers that are right (NaN for a prompt set without an answer key) and the
-    prompt count."""
+def learning_curve_table(rows: pd.DataFrame, key: quality.AnswerKey | None, answers: pd.Series) -> pd.DataFrame:
+    """Per recipe and training step (`recipe`, `step`, `folder` and `nll_per_token` columns on Jacobi rows of
+    the validation prompts; step 0 is the base model): tokens per forward (mean over prompts, first repeat),
+    the share of answers that are right (NaN for a prompt set without an answer key), the agreement of
+    the text with the base model's greedy `answers` (prompt id -> tokens; the share before the first
+    difference, as the held-out tables count it), the mean NLL of those answers, the answers that loop,
+    the prompt count and the checkpoint's folder."""
     records = []
-    for step, group in rows[rows.repeat == 0].groupby("step"):
+    for (recipe, step), group in rows[rows.repeat == 0].groupby(["recipe", "step"], sort=False):
         right = float(answer_matches(group, key).mean()) if key is not None else float("nan")
-        records.append({"step": int(step), "tokens_per_target_forward": group.tokens_per_target_forward.mean(),
-                        "exact_match": right, "prompts": group.prompt_id.nunique()})
-    return pd.DataFrame(records, columns=["step", "tokens_per_target_forward", "exact_match", "prompts"])
+        agreement = [quality.greedy_agreement(answers[p], tokens).fraction
+                     for p, tokens in zip(group.prompt_id, group.tokens)]
+        records.append({"recipe": recipe, "step": int(step), "tokens_per_target_forward": group.tokens_per_target_forward.mean(),
+                        "exact_match": right, "agreement": sum(agreement) / len(agreement),
+                        "nll_per_token": group.nll_per_token.mean(),
+                        "looping": int(group.tokens.map(trajectories.is_degenerate).sum()),
+                        "prompts": group.prompt_id.nunique(), "folder": group.folder.iloc[0]})
+    return pd.DataFrame(records, columns=["recipe", "step", "tokens_per_target_forward", "exact_match", "agreement",
+                                          "nll_per_token", "looping", "prompts", "folder"])
+
+
+@dataclass(frozen=True)
+class Choice:
+    """The checkpoint taken as the CLLM: its recipe, step and folder; the NLL it had to stay within (the
+    base model's plus the allowed rise), and whether any trained checkpoint did."""
+
+    recipe: str
+    step: int
+    folder: str
+    nll_limit: float
+    kept_the_text: bool
+
+
+def chosen_checkpoint(curve: pd.DataFrame, max_nll_rise: float) -> Choice:
+    """The recipe and step a CLLM is taken at, read from the learning curves: of the trained checkpoints
+    that kept the base model's text (the NLL of its greedy answers at most `max_nll_rise` nats a token
+    above the base model's own, and no more looping answers than it), the one with the most tokens per
+    forward, the earlier on a tie. Where none kept the text, the one that drifted least
+    (`kept_the_text` False): a CLLM is a trained model, and the tables say how far it drifted."""
+    base = curve[curve.step == 0].iloc[0]
+    trained = curve[curve.step > 0]
+    if trained.empty:
+        raise ValueError("no trained checkpoint in the learning curve: train_steps must be >= 1")
+    limit = float(base.nll_per_token) + max_nll_rise
+    kept = trained[(trained.nll_per_token <= limit) & (trained.looping <= base.looping)]
+    if kept.empty:
+        best = trained.sort_values(["nll_per_token", "step"], kind="stable").iloc[0]
+    else:
+        best = kept.assign(fewer_tokens=-kept.tokens_per_target_forward).sort_values(
+            ["fewer_tokens", "step"], kind="stable").iloc[0]
+    return Choice(best.recipe, int(best.step), best.folder, limit, not kept.empty)
 
 
 CLLM_GOAL_TOKENS_PER_FORWARD = 2.0  # what a CLLM should reach on held-out math (the parallel-decoding issue's target)
@@ -264,7 +309,7 @@ def jacobi_numbers(tables: Tables) -> dict:
     nll = tables.nll.groupby("model").nll_per_token.mean()
     trained_on = tables.seen_and_held_out[tables.seen_and_held_out.prompts == TRAINED_ON]
     return {
-        "held_out_prompts": len(tables.held_out_set), "training_steps": len(tables.losses),
+        "held_out_prompts": len(tables.held_out_set), "training_steps": tables.cllm_step,
         "training_prompts": tables.collected["training_prompts"], "looping_removed": tables.collected["degenerate_removed"],
         "base_tpf": table.tokens_per_target_forward[base], "cllm_tpf": table.tokens_per_target_forward[cllm],
         "base_iterations": tables.block_stats.iterations_per_block[base],

@@ -39,6 +39,10 @@ def headline(tables: Tables) -> dict:
         "Jacobi (CLLM) speedup over AR (per token)": words.interval(Speedup.from_line(cllm)),
         "CLLM agreement with base greedy": round(float(tables.table.agreement[lineups.CLLM_JACOBI]), 3),
     }
+    if tables.choice is not None:
+        line["CLLM taken at (by its learning curves)"] = (
+            f"{tables.choice.recipe}, step {tables.choice.step}"
+            + ("" if tables.choice.kept_the_text else " (no checkpoint kept the base's text: the least drifted)"))
     if tables.cllm_lookahead is not None:
         lookahead = tables.table.loc[tables.cllm_lookahead]
         line[f"{tables.cllm_lookahead}: tokens/forward"] = round(float(lookahead.tokens_per_target_forward), 3)
@@ -107,14 +111,14 @@ def accuracy_findings(tables: Tables, params: dict) -> str:
     return text
 
 
-def learning_curve_findings(curve) -> str:
-    """Whether more training of this recipe would pay, read from the learning curve's later half."""
-    trend = None if curve is None else learning_trend(curve)
+def learning_curve_findings(curve, recipe: str) -> str:
+    """Whether more training of `recipe` would pay, read from its learning curve's later half."""
+    trend = None if curve is None else learning_trend(curve[curve.recipe == recipe])
     if trend is None:
         return ""
-    text = (f"Jacobi tokens per forward went from **{trend.first:.2f}** (the base model) to **{trend.last:.2f}** after "
-            f"{trend.last_step} steps; over the later half of training they changed by {trend.slope_per_100_steps:+.2f} "
-            f"per 100 steps. ")
+    text = (f"With {recipe}, Jacobi tokens per forward went from **{trend.first:.2f}** (the base model) to "
+            f"**{trend.last:.2f}** after {trend.last_step} steps; over the later half of training they changed by "
+            f"{trend.slope_per_100_steps:+.2f} per 100 steps. ")
     if trend.steps_to_goal == 0:
         return text + f"That reaches the {trend.goal:.1f} tokens per forward a CLLM should make."
     if trend.steps_to_goal is None:
@@ -123,6 +127,29 @@ def learning_curve_findings(curve) -> str:
     return text + (f"A straight continuation would reach {trend.goal:.1f} tokens per forward after about "
                    f"{trend.steps_to_goal:,.0f} more steps (a line through few noisy points: an order of magnitude, "
                    f"not a forecast).")
+
+
+def choice_findings(tables: Tables, params: dict) -> str:
+    """Which recipe and step the learning curves chose as the CLLM, and why: the most tokens per forward
+    among the checkpoints that kept the base model's text ("" without learning curves)."""
+    curve, choice = tables.learning_curve, tables.choice
+    if curve is None or choice is None:
+        return ""
+    base = curve[curve.step == 0].iloc[0]
+    chosen = curve[(curve.recipe == choice.recipe) & (curve.step == choice.step)].iloc[0]
+    recipes = curve.recipe.unique()
+    text = (f"The learning curves are read on {int(base.prompts)} held-out prompts that the comparison below never "
+            f"uses. {len(recipes)} recipe{'s' * (len(recipes) != 1)} trained ({'; '.join(recipes)}). A checkpoint "
+            f"keeps the base model's text when the NLL of the base's greedy answers stays within "
+            f"{params['max_nll_rise']:.2f} nats a token of the base's own ({base.nll_per_token:.3f}, so at most "
+            f"{choice.nll_limit:.3f}) and no more of its answers loop ({int(base.looping)} for the base). ")
+    found = (f"**{choice.recipe}, after {choice.step} steps**: {chosen.tokens_per_target_forward:.2f} tokens per forward "
+             f"(base {base.tokens_per_target_forward:.2f}), NLL {chosen.nll_per_token:.3f}, agreement with the base's "
+             f"text {chosen.agreement:.0%}.")
+    if choice.kept_the_text:
+        return text + "Of those that did, the CLLM is the one that fixes the most tokens per forward: " + found
+    return text + ("**No trained checkpoint kept it.** The CLLM below is the one that drifted least, so its text is "
+                   "not the base model's: " + found)
 
 
 def forward_check_findings(check, model_label: str) -> str:
