@@ -206,17 +206,22 @@ def test_a_forward_is_set_beside_t_of_n_at_exactly_the_n_it_fed():
     # T(n) in ms at the n the forwards fed; AR fed 1 token a forward, Jacobi 8 then 2 (mean T = (30 + 12) / 2)
     curve = pd.DataFrame({"n": [1, 2, 8], "ms_fit": [10.0, 12.0, 30.0]})
     rows = pd.DataFrame([
-        row("AR", wall_time_s=0.55, time_to_first_token_s=0.1, target_forwards=4, forward_tokens=[1, 1, 1]),
+        row(lineups.BASE_AR, wall_time_s=0.55, time_to_first_token_s=0.1, target_forwards=4, forward_tokens=[1, 1, 1]),
         row("Jacobi", wall_time_s=0.5, time_to_first_token_s=0.08, target_forwards=3, forward_tokens=[8, 2]),
         row("speculative", wall_time_s=0.5, time_to_first_token_s=0.1, target_forwards=3, forward_tokens=[])])
     assert cllm_tables.forward_sizes(rows) == [1, 2, 8]
     check = cllm_tables.forward_cost_check(rows, curve)
-    assert list(check.index) == ["AR", "Jacobi"]  # a method that did not record its forwards is left out
-    assert check.curve_ms["AR"] == pytest.approx(10.0) and check.forward_over_curve["AR"] == pytest.approx(15.0)
+    assert list(check.index) == [lineups.BASE_AR, "Jacobi"]  # a method that did not record its forwards is left out
+    assert check.curve_ms[lineups.BASE_AR] == pytest.approx(10.0) and check.forward_over_curve[lineups.BASE_AR] == pytest.approx(15.0)
     assert check.curve_ms["Jacobi"] == pytest.approx(21.0) and check.largest_forward["Jacobi"] == 8
     assert check.ms_per_decode_forward["Jacobi"] == pytest.approx(210.0)
     assert check.forward_over_curve["Jacobi"] == pytest.approx(10.0)
     assert check.mean_tokens_per_forward_fed["Jacobi"] == pytest.approx(5.0)
+    # the curve's shape at AR's measured step: 210 ms against 21 ms * (150 ms / 10 ms)
+    assert check.over_curve_at_ar_step["Jacobi"] == pytest.approx(210.0 / (21.0 * 15.0))
+    assert check.over_curve_at_ar_step[lineups.BASE_AR] == pytest.approx(1.0)
+    without_ar = cllm_tables.forward_cost_check(rows[rows.decoder != lineups.BASE_AR], curve)
+    assert without_ar.over_curve_at_ar_step.isna().all()
 
 
 def test_forward_check_findings_name_the_parallel_decoders_above_the_curve():
@@ -228,6 +233,20 @@ def test_forward_check_findings_name_the_parallel_decoders_above_the_curve():
     assert text.endswith("1 of 2 parallel decoders cost more than 10% above T(n) at their n: Lookahead.")
     assert cllm_words.forward_check_findings(check.drop("Lookahead"), "m").endswith(
         "Every parallel decoder's forward is within 10% of T(n) at its n.")  # AR's own 1.2 is the loop, not judged
+
+
+def test_the_forward_check_verdict_reads_the_curve_at_ar_s_step_when_the_machine_drifted():
+    # the machine ran 25% slower during the rows than during the curve: AR 1.25x, Jacobi 1.30x of the curve as timed
+    check = pd.DataFrame({"mean_tokens_per_forward_fed": [1.0, 9.5], "largest_forward": [1, 16],
+                          "ms_per_decode_forward": [12.5, 26.0], "curve_ms": [10.0, 20.0],
+                          "forward_over_curve": [1.25, 1.3], "over_curve_at_ar_step": [1.0, 1.04]},
+                         index=[lineups.BASE_AR, "Jacobi"])
+    text = cllm_words.forward_check_findings(check, "m")
+    assert "26.0 ms against T(n) 20.0 ms: **1.30x** (1.04x at AR's step)." in text
+    assert text.endswith("Every parallel decoder's forward is within 10% of T(n) scaled to AR's step at its n.")
+    slower = check.assign(over_curve_at_ar_step=[1.0, 1.2])
+    assert cllm_words.forward_check_findings(slower, "m").endswith(
+        "1 of 1 parallel decoders cost more than 10% above T(n) scaled to AR's step at their n: Jacobi.")
 
 
 def test_the_learning_trend_reads_the_later_half_of_training():
