@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 INSTALLED := $(VENV)/.installed
 
 LLAMA_CPP := $(VENV)/.llama-cpp
-.PHONY: env test reproduce lab models llama-cpp vllm arctic clean-results
+.PHONY: env test reproduce lab models llama-cpp vllm arctic clean-results gpu-check
 
 # The environment is (re)built when the requirements change; torch is pinned in the same file so
 # pip takes the CPU wheel instead of a multi-GB CUDA build.
@@ -85,6 +85,16 @@ vllm: $(VLLM) $(VLLM_ARCTIC)
 
 test: env
 	$(PY) -m pytest -q -rs  # -rs: the run ends by naming what it skipped and why
+
+# On a machine with a CUDA GPU, hub or none: every decoder's equality tests with the tiny models on the GPU
+# (tests/tiny.DEVICE), then T(n) of the profiles' models built from their configs with random weights
+# (shape_costs: a forward's cost does not depend on the weights' values).
+GPU_TESTS := tests/test_architectures.py tests/test_autoregressive.py tests/test_speculative.py tests/test_trees.py \
+	tests/test_jacobi.py tests/test_lookahead.py tests/test_batched.py tests/test_suffix.py tests/test_engines.py \
+	tests/test_cllm.py tests/test_picker.py
+gpu-check: env
+	SPECDEC_TEST_DEVICE=cuda $(PY) -m pytest -q -rs $(GPU_TESTS)
+	$(PY) -m specdec_lab.shape_costs --device cuda --dtype bfloat16 --out results/gpu-check
 
 # cpu and cpu-full measure llama.cpp (notebook 03) and arctic-inference's suffix tree (02) beside the kit, so they
 # install them first.

@@ -182,14 +182,14 @@ def test_ragged_cache_keeps_each_rows_tokens_apart():
     logits = cache.forward([[12], [13, 14], [10]], keep=1)[:, -1]
     texts = [[1, 5, 6, 7, 8, 12], [1, 9, 13, 14], [1, 2, 3, 4, 5, 6, 7, 8, 9, 10]]
     for row, tokens in enumerate(texts):
-        torch.testing.assert_close(logits[row], TARGET(torch.tensor([tokens])).logits[0, -1], atol=1e-4, rtol=1e-4)
+        torch.testing.assert_close(logits[row], TARGET(torch.tensor([tokens], device=TARGET.device)).logits[0, -1], atol=1e-4, rtol=1e-4)
     cache.select([0, 1])  # the longest row leaves: its columns of left padding for the others go too
     columns = cache.valid.shape[1]
     cache.compact()
     assert cache.valid.shape[1] < columns and consistent(cache) and cache.lengths == [6, 4]
     logits = cache.forward([[15], [16]], keep=1)[:, -1]
     for row, tokens in enumerate([texts[0] + [15], texts[1] + [16]]):
-        torch.testing.assert_close(logits[row], TARGET(torch.tensor([tokens])).logits[0, -1], atol=1e-4, rtol=1e-4)
+        torch.testing.assert_close(logits[row], TARGET(torch.tensor([tokens], device=TARGET.device)).logits[0, -1], atol=1e-4, rtol=1e-4)
     assert consistent(cache)
 
 

@@ -25,7 +25,7 @@ def noisy_copy(model, std: float, seed: int):
     draft.load_state_dict(model.state_dict())
     generator = torch.Generator().manual_seed(seed)
     with torch.no_grad():
-        draft.lm_head.weight.add_(torch.randn(draft.lm_head.weight.shape, generator=generator) * std)
+        draft.lm_head.weight.add_(torch.randn(draft.lm_head.weight.shape, generator=generator).to(draft.device) * std)
     return draft
 
 
@@ -214,7 +214,7 @@ def test_rank_acceptance_counts_where_the_targets_token_ranks(greedy):
     assert ranks[0] == pytest.approx(picker.draft_agreement([calibration]))
     sequence = open_sequence(DRAFT)
     logits = torch.cat([autoregressive.prefill(sequence, PROMPT)[None], sequence.forward(greedy[:-1])])
-    second = (logits.argsort(-1, descending=True)[:, 1] == torch.tensor(greedy)).float().mean()
+    second = (logits.argsort(-1, descending=True)[:, 1] == torch.tensor(greedy, device=logits.device)).float().mean()
     assert ranks[1] == pytest.approx(float(second)) and sum(ranks) <= 1
 
 

@@ -107,7 +107,7 @@ def test_the_target_cache_keeps_the_accepted_prefix_only():
     assert sequence.length == len(tokens) + len(accepted)
     with torch.inference_mode():
         cached = sequence.forward([token], keep=1)[-1]
-        fresh = TARGET(torch.tensor([tokens + free[1:3] + [token]])).logits[0, -1]
+        fresh = TARGET(torch.tensor([tokens + free[1:3] + [token]], device=TARGET.device)).logits[0, -1]
     assert torch.allclose(cached, fresh, atol=1e-5)
 
 
@@ -429,7 +429,7 @@ def exact_marginals(model, prompt, steps, sampling):
     for _ in range(steps):
         nxt, marginal = {}, torch.zeros(SMALL_VOCAB)
         for path, mass in paths.items():
-            logits = model(torch.tensor([prompt + list(path)])).logits[0, -1]
+            logits = model(torch.tensor([prompt + list(path)], device=model.device)).logits[0, -1].cpu()
             p = probabilities(logits, sampling)
             marginal += mass * p
             for token in range(SMALL_VOCAB):
@@ -519,7 +519,7 @@ def test_a_wrong_rejection_rule_fails_the_same_check(monkeypatch):
         p = probabilities(target_logits, sampling)
         q = candidates.probs
         for i, x in enumerate(candidates.token_ids):
-            if torch.rand((), generator=rng) >= torch.clamp(p[i, x] / q[i, x], max=1.0):
+            if torch.rand((), generator=rng, device=p.device) >= torch.clamp(p[i, x] / q[i, x], max=1.0):
                 return i, int(torch.multinomial(p[i], 1, generator=rng))
         return len(candidates.token_ids), int(torch.multinomial(p[-1], 1, generator=rng))
 

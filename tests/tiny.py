@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
+# `make gpu-check`: the tiny models on a GPU, so the decoders' equality tests run where the gpu profile decodes.
+DEVICE = torch.device(os.environ.get("SPECDEC_TEST_DEVICE", "cpu"))
 EOS = 3
 PROMPT = [1, 5, 6, 7, 8, 9, 10, 11]
 
@@ -36,7 +39,7 @@ def tiny_llama(seed: int = 0, vocab_size: int = 97, layers: int = 2, hidden: int
                     parameter.normal_(0.0, weight_std)
         if head_std is not None:
             model.lm_head.weight.normal_(0.0, head_std)
-    return model
+    return model.to(DEVICE)
 
 
 TINY_VOCAB = 64  # save_tiny_model: word-level tokens t0..t63
@@ -103,7 +106,7 @@ def copy_llama(lag: int, vocab_size: int = 32, scale: float = 30.0) -> LlamaForC
         # residual = token (1) + attended token (sqrt(hidden), from the normed input); after the final
         # norm the latter is hidden / sqrt(1 + hidden): the head reads it, with a logit gap of `scale`
         model.lm_head.weight[:, vocab_size:] = identity * scale * (1 + hidden) ** 0.5 / hidden
-    return model
+    return model.to(DEVICE)
 
 
 # --- the same tiny models on llama.cpp: written to GGUF as llama.cpp's own converter would ------------------
@@ -147,7 +150,7 @@ def save_gguf(model: LlamaForCausalLM, path) -> str:
     writer.add_eos_token_id(config.eos_token_id if config.eos_token_id is not None else 2)
 
     def add(name: str, tensor: torch.Tensor) -> None:
-        writer.add_tensor(name, tensor.detach().float().contiguous().numpy())
+        writer.add_tensor(name, tensor.detach().float().cpu().contiguous().numpy())
 
     add("token_embd.weight", model.model.embed_tokens.weight)
     for index, layer in enumerate(model.model.layers):

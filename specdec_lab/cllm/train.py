@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import os
 import random
 import shutil
 import time
@@ -303,6 +304,10 @@ def main(argv: list[str] | None = None) -> None:
             parser.add_argument(f"--{field.replace('_', '-')}", type=type(default), default=default)
     args = vars(parser.parse_args(argv))
     config = TrainConfig(**{field: args[field] for field in asdict(TrainConfig())})
+    if not args["gpu"]:
+        # CPU processes on a machine with a GPU: accelerate's barrier would still name a CUDA device per
+        # process (cuda:1 on a one-GPU machine fails); hidden before anything initialises CUDA, none is seen.
+        os.environ["CUDA_VISIBLE_DEVICES"] = ""
     final = train(args["model"], args["trajectories"], args["out"], config, dtype=args["dtype"], cpu=not args["gpu"])
     print(final)
 

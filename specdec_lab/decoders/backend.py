@@ -73,12 +73,20 @@ class TransformersSequence:
         self.model = model
         self.cache = DynamicCache(config=model.config)
         self._forward_start: int | None = None  # the cache's length before the last forward
+        # A sliding-window layer (Gemma 2's) drops the cells that leave its window, so a cache past it can no
+        # longer be rolled back (a rejected proposal, a tree's other branches, a Jacobi block) and a tree's mask
+        # no longer matches its keys: the sequence refuses to grow past the smallest window.
+        self.window = min((layer.sliding_window for layer in self.cache.layers if hasattr(layer, "sliding_window")),
+                          default=None)
 
     @property
     def length(self) -> int:
         return self.cache.get_seq_length()
 
     def forward(self, token_ids, keep=0, positions=None, visible=None) -> torch.Tensor:
+        if self.window is not None and self.length + len(token_ids) >= self.window:
+            raise ValueError(f"the cache would reach {self.length + len(token_ids)} tokens, past the model's sliding "
+                             f"window of {self.window}: use shorter prompts or a lower max_new_tokens")
         device = self.model.device
         input_ids = torch.tensor([list(token_ids)], dtype=torch.long, device=device)
         # logits_to_keep=k computes the LM head for the last k rows only: a prefill needs one row
