@@ -4,7 +4,8 @@ config with random weights, timed by `hardware.forward_cost_curve`.
 A forward's cost depends on the shapes, the dtype and the kernels, not on the weights' values, so a
 machine that cannot download a model (no hub, or a GPU lent without network) can still measure what
 verifying n tokens at once costs there against decoding one. It says nothing about acceptance: that
-needs the real weights (the notebooks).
+needs the real weights (the notebooks). The models run as transformers builds them: on a CPU, without the
+kit's own Linear layers and paths (`models.load`, `dtype: auto`), so there the notebooks' curves are the ones to read.
 
     python -m specdec_lab.shape_costs --device cuda --dtype bfloat16 --out results/shape-costs
 """
