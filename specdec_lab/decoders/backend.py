@@ -76,8 +76,7 @@ class TransformersSequence:
         # A sliding-window layer (Gemma 2's) drops the cells that leave its window, so a cache past it can no
         # longer be rolled back (a rejected proposal, a tree's other branches, a Jacobi block) and a tree's mask
         # no longer matches its keys: the sequence refuses to grow past the smallest window.
-        self.window = min((layer.sliding_window for layer in self.cache.layers if hasattr(layer, "sliding_window")),
-                          default=None)
+        self.window = smallest_sliding_window(self.cache)
 
     @property
     def length(self) -> int:
@@ -117,6 +116,11 @@ class TransformersSequence:
                 layer.values[..., start:start + len(rows), :] = layer.values[..., kept, :]
         self.crop(start + len(rows))
         self._forward_start = None
+
+
+def smallest_sliding_window(cache: DynamicCache) -> int | None:
+    """The shortest window of the cache's sliding-window layers (Gemma 2's), in tokens; None without any."""
+    return min((layer.sliding_window for layer in cache.layers if hasattr(layer, "sliding_window")), default=None)
 
 
 def crop_cache(cache: DynamicCache, length: int) -> None:

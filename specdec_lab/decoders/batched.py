@@ -33,7 +33,7 @@ import torch
 from transformers import DynamicCache
 
 from specdec_lab.cost_model import batch_width_worth_verifying
-from specdec_lab.decoders.backend import additive_mask, engine, stop_token_ids, vocab_size
+from specdec_lab.decoders.backend import additive_mask, engine, smallest_sliding_window, stop_token_ids, vocab_size
 from specdec_lab.decoders.candidates import CandidateGenerator, Candidates
 from specdec_lab.decoders.common import as_token_list, check_max_new_tokens, clock, cut_at_stop
 from specdec_lab.decoders.speculative import accept_greedy, accept_sampled
@@ -65,8 +65,7 @@ class RaggedCache:
         self.lengths = [0] * rows
         # a sliding-window layer (Gemma 2's) keeps its last `window` cells only, and the batch's own mask
         # replaces transformers' window mask: the batch refuses to grow past the smallest window
-        self.window = min((layer.sliding_window for layer in self.cache.layers if hasattr(layer, "sliding_window")),
-                          default=None)
+        self.window = smallest_sliding_window(self.cache)
 
     @property
     def rows(self) -> int:
