@@ -9,7 +9,7 @@ import torch
 from specdec_lab import cost_model
 from specdec_lab.decoders import autoregressive, common, speculative, trees
 from specdec_lab.decoders.candidates import (Candidates, DraftLength, DraftModelCandidates, DraftTreeCandidates, HybridCandidates,
-                                            PromptLookupCandidates, PromptLookupTreeCandidates)
+                                            PromptLookupCandidates, PromptLookupTreeCandidates, SuffixTrackRecord)
 from specdec_lab.decoders.backend import open_sequence
 from specdec_lab.decoders.suffix import SuffixCandidates, SuffixTrie
 from specdec_lab.method import SuffixSettings
@@ -719,32 +719,63 @@ def test_a_cost_sized_hybrid_prices_a_suffix_proposal_by_its_nodes_probabilities
     assert candidates.suffix_gain(n) == pytest.approx(expected_gain)
 
 
+STEEP = {1: 1.0, 2: 1.3, 4: 1.6, 9: 3.0}  # T(n) / T(1): a tree's nodes are not free
+
+
+def rejected_rounds(candidates, count=10):
+    """`count` steps at whose end the text matches an earlier triple whose continuation the trees give probability
+    1, and the target rejects whatever was proposed: the sources the hybrid chose."""
+    candidates.reset(vocab_size=None)
+    sequence = [value for i in range(1, count + 1) for value in (10 * i, 10 * i + 1, 10 * i + 2)]
+    for i in range(1, count + 1):
+        sequence += [10 * i, 10 * i + 1]
+        candidates.propose(sequence, 8, GREEDY, None)
+        sequence.append(7)  # the target's token: never the proposed 10 i + 2
+        candidates.update(sequence, 0, candidates.looked_up)
+    return candidates.sources
+
+
+def steep_suffix_hybrid(**kwargs):
+    """A hybrid whose draft never pays, with our suffix trees (8 nodes, factor 4) cut by STEEP."""
+    settings = SuffixSettings(spec_factor=4.0)
+    return hybrid(prior_acceptance=0.1, cost_ratio=0.9, explore_every=100, relative_target=STEEP,
+                  suffix=SuffixCandidates(8, True, settings, SuffixTrie(settings.max_depth), STEEP), **kwargs)
+
+
 @torch.inference_mode()
 def test_a_hybrid_stops_proposing_suffix_trees_the_target_keeps_rejecting():
-    """Every round the end of the text matches an earlier triple whose continuation the trees give probability 1,
-    and the target rejects it: the hybrid scales the trees' probabilities by the share of their expected tokens
-    accepted, and within a few rounds a plain step is worth more. Catches a trust that never learns (the trees'
-    counts taken as probabilities: on chat they kept proposing 13 rejected trees in 32 tokens)."""
-    curve = {1: 1.0, 2: 1.3, 4: 1.6, 9: 3.0}
-
-    def rounds(candidates, count=10):
-        sequence = [value for i in range(1, count + 1) for value in (10 * i, 10 * i + 1, 10 * i + 2)]
-        for i in range(1, count + 1):
-            sequence += [10 * i, 10 * i + 1]
-            candidates.propose(sequence, 8, GREEDY, None)
-            sequence.append(7)  # the target's token: never the proposed 10 i + 2
-            candidates.update(sequence, 0, candidates.looked_up)
-        return candidates.sources
-
-    settings = SuffixSettings(spec_factor=4.0)
-    learning = hybrid(prior_acceptance=0.1, cost_ratio=0.9, explore_every=100, relative_target=curve,
-                      suffix=SuffixCandidates(8, True, settings, SuffixTrie(settings.max_depth), curve))
-    sources = rounds(learning)
+    """The hybrid scales the trees' probabilities by the share of their expected tokens accepted, and within a few
+    rejected rounds a plain step is worth more. Catches a trust that never learns (the trees' counts taken as
+    probabilities: on chat they kept proposing 13 rejected trees in 32 tokens)."""
+    sources = rejected_rounds(steep_suffix_hybrid())
     assert sources[0] == "suffix decoding" and set(sources[-4:]) == {"nothing"}, sources
-    credulous = hybrid(prior_acceptance=0.1, cost_ratio=0.9, explore_every=100, relative_target=curve,
-                       suffix=SuffixCandidates(8, True, settings, SuffixTrie(settings.max_depth), curve))
+    credulous = steep_suffix_hybrid()
     credulous.suffix_trust = lambda: 1.0
-    assert set(rounds(credulous)) == {"suffix decoding"}
+    assert set(rejected_rounds(credulous)) == {"suffix decoding"}
+
+
+@torch.inference_mode()
+def test_a_hybrid_starts_a_request_from_the_trees_record_over_the_earlier_ones():
+    """A method builds a new source for every call and hands each the same `SuffixTrackRecord`: after a request in
+    which the target rejected every tree, the next request starts sceptical and takes a plain step where a source
+    with a fresh record proposes the tree at face value. Catches a record that `update` never writes, and a
+    request that starts from full trust again (in the twelfth session's run, each math and chat request's first
+    step went to a 16-node tree the target rejected)."""
+    record = SuffixTrackRecord()
+    rejected_rounds(steep_suffix_hybrid(suffix_record=record))
+    assert record.accepted == 0 and record.expected > 4, record
+    following = steep_suffix_hybrid(suffix_record=record)
+    following.reset(vocab_size=None)
+    assert following.suffix_trust() == pytest.approx(record.trust()) and record.trust() < 0.35
+    following.propose(LONG_MATCH, 8, GREEDY, None)
+    fresh = steep_suffix_hybrid()
+    fresh.propose(LONG_MATCH, 8, GREEDY, None)
+    assert (following.sources, fresh.sources) == (["nothing"], ["suffix decoding"])
+    # given none, a source keeps its own record over its own requests
+    alone = steep_suffix_hybrid()
+    rejected_rounds(alone)
+    alone.reset(vocab_size=None)
+    assert alone.suffix_trust() == pytest.approx(alone.suffix_record.trust()) and alone.suffix_trust() < 0.35
 
 
 class CheckedHybrid(HybridCandidates):

@@ -547,9 +547,25 @@ class PromptLookupTreeCandidates(PromptLookupCandidates):
         self.lengths[self.kind].update(num_accepted, self.proposed_depth)
 
 
-# The suffix trees' proposals start trusted as if 2 expected tokens had been accepted: their probabilities are counts
+# The suffix trees' record is weighed as if over 2 expected tokens before any evidence: their probabilities are counts
 # over few occurrences (a continuation seen once has probability 1), so a few rejected proposals should stop them.
 SUFFIX_PRIOR_TOKENS = 2.0
+
+
+@dataclass
+class SuffixTrackRecord:
+    """What the target accepted of the suffix trees' proposals, against what the trees' counts expected of them
+    (the sum of their nodes' probabilities), over a method's requests so far. The method's calls share one, as they
+    share the tree of earlier answers: each request starts from the trust the run has measured, so the first
+    step of every request does not go to trees taken at face value again (on math and chat, the twelfth
+    session's run gave each request's first step to a 16-node tree the target rejected)."""
+
+    accepted: int = 0
+    expected: float = 0.0
+
+    def trust(self) -> float:
+        """The share of the expected tokens accepted, from SUFFIX_PRIOR_TOKENS accepted as expected; at most 1."""
+        return min(1.0, (self.accepted + SUFFIX_PRIOR_TOKENS) / (self.expected + SUFFIX_PRIOR_TOKENS))
 
 
 class HybridCandidates:
@@ -565,7 +581,8 @@ class HybridCandidates:
     - **suffix decoding** in prompt lookup's place, where it is given one (`suffix`): its trees match the
       request's own text and the answers given earlier, and its proposal (a tree, never continued by the
       draft) is expected to give 1 + its nodes' estimated probabilities, scaled by the share of what the
-      trees expected so far that the target accepted;
+      trees expected that the target accepted: this request's evidence over a prior that is the share measured
+      over the method's earlier requests (`suffix_record`, shared by its calls as the earlier answers are);
     - **nothing**, a plain AR step, when neither is expected to pay. Every `explore_every` steps
       without drafting, the draft is tried once, so a drift of the text is noticed.
 
@@ -595,7 +612,7 @@ class HybridCandidates:
                  prior_acceptance: float = HybridSettings.prior_acceptance, prior_tokens: int = 10,
                  explore_every: int = 8, confidence_threshold: float = 0.4,
                  extend_lookups: bool = HybridSettings.extend_lookups, draft=None, prefill_cost_ratio: float = 0.0,
-                 relative_target=None, suffix=None):
+                 relative_target=None, suffix=None, suffix_record: SuffixTrackRecord | None = None):
         if not 0 < cost_ratio:
             raise ValueError(f"cost_ratio (draft step / target step) must be > 0, got {cost_ratio}")
         if not prefill_cost_ratio >= 0:
@@ -610,6 +627,8 @@ class HybridCandidates:
         # `suffix`: a suffix-decoding source (`decoders.suffix.SuffixCandidates`) that proposes in the lookup's place:
         # its trees match the request's own text, as the lookup does, and the answers given earlier in the process
         self.suffix = suffix
+        # the suffix trees' record over the method's requests (None: this source's own, over its own requests)
+        self.suffix_record = suffix_record if suffix_record is not None else SuffixTrackRecord()
         # T(n) / T(1) up to the curve's last measured n, flat beyond (the draft's k grows past the lookup's
         # 2 prompt_lookup_k); None: verifying is taken as free
         self.verify_cost = (verify_costs(relative_target, int(max(dict(relative_target))))
@@ -624,7 +643,8 @@ class HybridCandidates:
         self.lookup.reset(vocab_size)
         if self.suffix is not None:
             self.suffix.reset(vocab_size)
-        self.suffix_accepted, self.suffix_expected = 0, 0.0  # over the suffix proposals verified so far
+        self.suffix_accepted, self.suffix_expected = 0, 0.0  # over this request's suffix proposals verified so far
+        self.suffix_prior_trust = self.suffix_record.trust()  # what the earlier requests measured
         self.draft_accepted, self.draft_proposed = 0, 0
         self.steps_without_draft = 0
         self.draft_seen = 0  # tokens the draft has read (its cache, or its replay's stand-in)
@@ -669,9 +689,11 @@ class HybridCandidates:
         return 1.0 + (self.lookup.accepted(kind) + optimistic) / (self.lookup.steps(kind) + 1)
 
     def suffix_trust(self) -> float:
-        """The share of the tokens the suffix trees expected (their probabilities' sum over the proposals verified)
-        that the target accepted, from a prior of SUFFIX_PRIOR_TOKENS accepted as expected; at most 1."""
-        return min(1.0, (self.suffix_accepted + SUFFIX_PRIOR_TOKENS) / (self.suffix_expected + SUFFIX_PRIOR_TOKENS))
+        """The share of the tokens the suffix trees expected (their probabilities' sum over this request's proposals
+        verified) that the target accepted, from a prior over SUFFIX_PRIOR_TOKENS at the share the earlier requests
+        measured; at most 1."""
+        prior_accepted = self.suffix_prior_trust * SUFFIX_PRIOR_TOKENS
+        return min(1.0, (self.suffix_accepted + prior_accepted) / (self.suffix_expected + SUFFIX_PRIOR_TOKENS))
 
     def suffix_gain(self, proposed: int) -> float:
         """Expected tokens of the last suffix proposal (`proposed` nodes) per target step: 1 + its nodes'
@@ -754,8 +776,11 @@ class HybridCandidates:
         if self.suffix is not None:  # its trees read every token, whoever proposed it
             self.suffix.update(tokens, num_accepted, num_proposed)
         if self.source == SUFFIX:  # what the trees expected of this proposal, before it was scaled by the trust
+            expected = self.suffix.expected / self.suffix.trust
             self.suffix_accepted += num_accepted
-            self.suffix_expected += self.suffix.expected / self.suffix.trust
+            self.suffix_expected += expected
+            self.suffix_record.accepted += num_accepted
+            self.suffix_record.expected += expected
         if self.source in ("prompt lookup", "prompt lookup + draft model"):
             self.lookup.update(tokens, min(num_accepted, self.looked_up), self.looked_up)
         drafted = num_proposed - self.looked_up

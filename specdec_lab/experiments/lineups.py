@@ -16,7 +16,8 @@ from specdec_lab.decoders import (autoregressive, batched, draft_then_score, hf_
                                   lookahead, speculative, vllm_peer)
 from specdec_lab.decoders.backend import engine as engine_of, stop_token_ids
 from specdec_lab.decoders.candidates import (CandidateGenerator, DraftModelCandidates, DraftTreeCandidates,
-                                            HybridCandidates, PromptLookupCandidates, PromptLookupTreeCandidates)
+                                            HybridCandidates, PromptLookupCandidates, PromptLookupTreeCandidates,
+                                            SuffixTrackRecord)
 from specdec_lab.decoders.suffix import ArcticSuffixCandidates, SuffixCandidates, SuffixTrie, arctic_cache
 from specdec_lab.decoders.trees import depths
 from specdec_lab.method import (SCHEDULES, CandidateSource, HybridSettings, LookaheadConfig, Method, SuffixSettings,
@@ -242,20 +243,24 @@ def hybrid(target: LoadedModel, draft: LoadedModel, k: int, prompt_lookup_k: int
     """Our hybrid candidate source: each step prompt lookup, the draft model (adaptive k from k),
     lookup continued by the draft, or nothing, chosen from the match and the acceptance so far
     (see HybridCandidates); given `suffix_k` > 0, suffix decoding's tree (`suffix` rules) proposes in the
-    lookup's place, with a tree of the method's earlier answers that every call reads and extends. `cost_ratio` = draft step / target step, measured on this machine (a
-    measurement fed to the source, not part of what it is); `settings`: as the draft picker chose
-    them (None: the record's defaults, which are HybridCandidates'); `prefill_cost_ratio` = the draft's
+    lookup's place, with a tree of the method's earlier answers that every call reads and extends, and the record
+    of how much of the trees' expected tokens the target accepted in the earlier calls (`SuffixTrackRecord`).
+    `cost_ratio` = draft step / target step, measured on this machine (a measurement fed to the source, not part
+    of what it is); `settings`: as the draft picker chose them (None: the record's defaults, which are
+    HybridCandidates'); `prefill_cost_ratio` = the draft's
     prefill per token / target step, another measurement (0: the draft's catch-up is not charged);
     `relative_target`: the target's measured T(n) / T(1), verifying then priced by it and lookups cut by it."""
     settings = settings or HybridSettings()
     cut = relative_target is not None
     suffix_source_of_call = hybrid_suffix(suffix_k, suffix, relative_target)
+    suffix_record = SuffixTrackRecord()  # the trees' acceptance over the method's calls, as its earlier answers
 
     def make():
         return HybridCandidates(draft.model, k, prompt_lookup_k, cost_ratio=cost_ratio,
                                 confidence_threshold=adaptive_threshold, prior_acceptance=settings.prior_acceptance,
                                 extend_lookups=settings.extend_lookups, prefill_cost_ratio=prefill_cost_ratio,
-                                relative_target=relative_target, suffix=suffix_source_of_call())
+                                relative_target=relative_target, suffix=suffix_source_of_call(),
+                                suffix_record=suffix_record)
     name = name or f"hybrid: {hybrid_label(k, prompt_lookup_k, suffix_k)}{CUT_LABEL if cut else ''} (ours)"
     return with_candidates(target, make, max_new_tokens, sampling, name,
                            hybrid_source(k, prompt_lookup_k, settings, adaptive_threshold, cut, suffix_k, suffix),

@@ -34,7 +34,7 @@ from tqdm.auto import tqdm
 from specdec_lab import cost_model, data, hardware, metrics
 from specdec_lab.decoders import autoregressive
 from specdec_lab.decoders.candidates import (Candidates, DraftLength, HybridCandidates, PromptLookupCandidates,
-                                            PromptLookupTreeCandidates, match_continuation)
+                                            PromptLookupTreeCandidates, SuffixTrackRecord, match_continuation)
 from specdec_lab.decoders.trees import children, depths, level_order, parents_of
 from specdec_lab.decoders.backend import open_sequence, vocab_size as output_rows
 from specdec_lab.decoders.common import clock
@@ -285,16 +285,17 @@ def hybrid_candidate(k: int, prompt_lookup_k: int, cost_ratio: float, settings: 
                      adaptive_threshold: float = 0.4, prefill_cost_ratio: float = 0.0,
                      relative_target=None, suffix_k: int = 0, suffix: SuffixSettings | None = None) -> Candidate:
     """The hybrid with `settings`, its draft replayed (`relative_target`: verifying priced by it, as the line-up's);
-    given `suffix_k`, suffix decoding proposes in the lookup's place, its earlier answers those of the calibration
-    prompts replayed before (as the line-up's keeps its own)."""
+    given `suffix_k`, suffix decoding proposes in the lookup's place, its earlier answers and its trees' record
+    those of the calibration prompts replayed before (as the line-up's keeps its own)."""
     suffix_source_of_call = lineups.hybrid_suffix(suffix_k, suffix, relative_target)
+    suffix_record = SuffixTrackRecord()  # carried over the calibration prompts, as the line-up's over its prompts
 
     def make(forecast):
         return HybridCandidates(None, k, prompt_lookup_k, cost_ratio=cost_ratio, confidence_threshold=adaptive_threshold,
                                 draft=TeacherForcedDraft(forecast, k, "heuristic", adaptive_threshold),
                                 prior_acceptance=settings.prior_acceptance, extend_lookups=settings.extend_lookups,
                                 prefill_cost_ratio=prefill_cost_ratio, relative_target=relative_target,
-                                suffix=suffix_source_of_call())
+                                suffix=suffix_source_of_call(), suffix_record=suffix_record)
     cut = relative_target is not None
     model_free = f"suffix tree {suffix_k} nodes" if suffix_k else f"lookup k={prompt_lookup_k}"
     return Candidate(f"hybrid (k from {k}, {model_free}; {settings.label()}){lineups.CUT_LABEL if cut else ''}",
