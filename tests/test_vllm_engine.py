@@ -204,6 +204,12 @@ def test_the_vllm_part_end_to_end_on_a_tiny_model(tmp_path):
     assert (tables.per_kind.agreement_with_vllm_ar == 1.0).all()
     assert set(tables.over_vllm_ar.category) == {"code", "chat"} and tables.errors.empty
     assert tables.dtype == "float32" and (tmp_path / "03_quantized" / "vllm.jsonl").is_file()
+    # vLLM's own counters of each n-gram call (test_vllm_peer checks them on suffix decoding)
+    counted = [extras for extras in tables.rows[tables.rows.role == "speculative"].extras if "vllm_drafts" in extras]
+    assert counted and sum(extras["vllm_drafts"] for extras in counted) > 0
+    for extras in counted:
+        assert 0 <= extras["vllm_accepted"] <= extras["vllm_draft_tokens"] <= config["prompt_lookup_k"] * extras["vllm_drafts"]
+        assert sum(extras["vllm_accepted_per_position"]) == extras["vllm_accepted"]
 
 
 # --- notebook 05: vLLM on the same batches ---------------------------------------------------------------

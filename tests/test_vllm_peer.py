@@ -1,7 +1,7 @@
 """vLLM's CPU build as a peer (`make vllm`): its greedy text against the kit's AR on the same weights
-(widened to fp32 in both, where greedy text depends on the weights alone), its n-gram and suffix speculation
-against that text, and its errors surfaced by name. Skipped, and named in the skip summary, where `make vllm`
-was not run."""
+(widened to fp32 in both, where greedy text depends on the weights alone), its suffix speculation against that
+text (its n-gram speculation: test_vllm_engine), and its errors surfaced by name. Skipped, and named in the skip
+summary, where `make vllm` was not run."""
 
 from __future__ import annotations
 
@@ -19,7 +19,6 @@ from specdec_lab.models import zoo
 needs_vllm = pytest.mark.skipif(not vllm_peer.available(),
                                 reason=f"vLLM is not installed ({vllm_peer.python()} is missing): run `make vllm`")
 MODEL = "smollm2-135m-instruct"
-NGRAM = {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 3, "prompt_lookup_min": 1}
 SUFFIX = {"method": "suffix", "num_speculative_tokens": 8, "suffix_decoding_max_tree_depth": 24}
 
 
@@ -34,8 +33,13 @@ def kit_ar():
 
 
 @needs_vllm
-def test_vllm_greedy_text_equals_the_kits_ar_on_the_same_weights(kit_ar):
-    with vllm_peer.VllmPeer(zoo.ensure(MODEL), dtype="float32") as peer:
+def test_vllm_greedy_text_equals_the_kits_ar_and_a_terminated_worker_takes_the_engine_with_it(kit_ar):
+    """The same text one prompt at a time and as one batch (notebook 05). Then the worker is terminated: vLLM runs
+    its engine in a process of its own, and one left behind by a killed worker kept polling at 70% of a core,
+    slowing every later measurement; a worker terminated (SIGTERM) exits the normal way, which shuts it down. (One
+    engine for both checks: each start costs about a minute on 2 cores.)"""
+    peer = vllm_peer.VllmPeer(zoo.ensure(MODEL), dtype="float32")
+    try:
         for ids, ours in kit_ar:
             result = vllm_peer.generate(peer, ids, 24)
             assert result.tokens == ours, f"first difference at token {first_difference(result.tokens, ours)}"
@@ -44,12 +48,24 @@ def test_vllm_greedy_text_equals_the_kits_ar_on_the_same_weights(kit_ar):
         assert [result.tokens for result in batch] == [ours for _, ours in kit_ar]
         assert len({result.extras["batch_wall_time_s"] for result in batch}) == 1
 
+        engine = descendants(peer.process.pid)
+        assert engine, "vLLM started no engine process"
+        peer.process.terminate()
+        peer.process.wait(timeout=60)
+        deadline = time.monotonic() + 60
+        while any(alive(pid) for pid in engine) and time.monotonic() < deadline:
+            time.sleep(0.5)
+        assert not any(alive(pid) for pid in engine), "vLLM's engine process outlived its worker"
+    finally:
+        peer.close()
+
 
 @needs_vllm
-@pytest.mark.parametrize("config", [NGRAM, SUFFIX], ids=lambda config: config["method"])
+@pytest.mark.parametrize("config", [SUFFIX], ids=lambda config: config["method"])
 def test_vllm_speculation_keeps_its_text_and_reports_its_counters(kit_ar, config):
-    """n-gram speculation, and suffix decoding on arctic-inference's suffix tree (`make vllm` adds the part
-    `make arctic` built): the same text as the kit's AR, and this call's counters, not the run's so far."""
+    """Suffix decoding on arctic-inference's suffix tree (`make vllm` adds the part `make arctic` built): the same
+    text as the kit's AR, and this call's counters, not the run's so far. (n-gram speculation keeps its text in
+    test_vllm_engine's two end-to-end runs, one engine start each; its counters go through the same code.)"""
     k = config["num_speculative_tokens"]
     with vllm_peer.VllmPeer(zoo.ensure(MODEL), speculative_config=config, dtype="float32") as peer:
         drafts = 0
@@ -115,24 +131,6 @@ def alive(pid: int) -> bool:
         return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
     except OSError:
         return False
-
-
-@needs_vllm
-def test_a_terminated_worker_takes_vllms_engine_process_with_it():
-    """vLLM runs its engine in a process of its own; left behind by a killed worker it kept polling at 70% of a
-    core, slowing every later measurement. A worker terminated (SIGTERM) exits the normal way, which shuts it down."""
-    peer = vllm_peer.VllmPeer(zoo.ensure(MODEL), dtype="float32")
-    try:
-        engine = descendants(peer.process.pid)
-        assert engine, "vLLM started no engine process"
-        peer.process.terminate()
-        peer.process.wait(timeout=60)
-        deadline = time.monotonic() + 60
-        while any(alive(pid) for pid in engine) and time.monotonic() < deadline:
-            time.sleep(0.5)
-        assert not any(alive(pid) for pid in engine), "vLLM's engine process outlived its worker"
-    finally:
-        peer.close()
 
 
 def test_without_its_environment_the_peer_says_how_to_install_it(monkeypatch, tmp_path):
