@@ -41,6 +41,10 @@ class HybridSettings:
 
     prior_acceptance: float = 0.6  # the draft's acceptance assumed before any evidence
     extend_lookups: bool = True  # a lookup that runs out is continued by the draft
+    # the suffix trees' trust starts as if this many of their expected tokens had been accepted as expected: few,
+    # and a rejected tree or two stops trees taken at face value (counts over few occurrences); many, and one
+    # rejected tree at a request's start does not hand the rest of a code answer to the draft
+    suffix_prior_tokens: float = 2.0
 
     def label(self) -> str:
         return ", ".join(f"{name}={value}" for name, value in asdict(self).items())

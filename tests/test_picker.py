@@ -228,3 +228,24 @@ def test_the_sizing_keeps_a_chain_where_verifying_more_tokens_costs_more(greedy)
     assert len(wide) == 8 and max(depths([p for p, _ in wide])) < 8 and not grid.chain.all()
     narrow, _ = picker.size_tree(calibration, steep, max_nodes=8, max_depth=6)
     assert len(narrow) == max(depths([p for p, _ in narrow]))  # one node a level: a chain
+
+
+def test_the_picker_weighs_the_suffix_trees_prior_only_for_a_hybrid_that_has_them(monkeypatch):
+    """The grid adds `SUFFIX_PRIOR_GRID`'s weights where the hybrid proposes suffix trees, and the weight predicted
+    fastest reaches the settings the line-up runs. Catches a grid without them and a choice that drops the field
+    (the line-up would run the default whatever was predicted)."""
+    from specdec_lab.method import HybridSettings
+
+    with_trees = picker.hybrid_settings_grid(0.9, suffix=True)
+    assert {settings.suffix_prior_tokens for settings in with_trees} == set(picker.SUFFIX_PRIOR_GRID)
+    assert len(with_trees) == len(picker.SUFFIX_PRIOR_GRID) * len(picker.hybrid_settings_grid(0.9))
+    assert {settings.suffix_prior_tokens for settings in picker.hybrid_settings_grid(0.9)} == {
+        HybridSettings.suffix_prior_tokens}
+    heaviest = max(picker.SUFFIX_PRIOR_GRID)
+    # every setting predicted alike but the heaviest weight, predicted faster
+    monkeypatch.setattr(picker, "predict", lambda calibrations, listed, costs: listed[0])
+    monkeypatch.setattr(picker, "per_category", lambda candidate: pd.DataFrame(
+        {"category": ["code"], "predicted_speedup": [2.0 if f"suffix_prior_tokens={heaviest}" in candidate.name else 1.0]}))
+    costs = picker.Costs(pd.Series({1: 1.0, 32: 1.0}), 0.2)
+    settings, grid = picker.choose_hybrid([], costs, 5, 10, 0.2, 0.9, cost_sized=True, suffix_k=16)
+    assert settings.suffix_prior_tokens == heaviest and len(grid) == len(with_trees)

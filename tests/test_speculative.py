@@ -12,7 +12,7 @@ from specdec_lab.decoders.candidates import (Candidates, DraftLength, DraftModel
                                             PromptLookupCandidates, PromptLookupTreeCandidates, SuffixTrackRecord)
 from specdec_lab.decoders.backend import open_sequence
 from specdec_lab.decoders.suffix import SuffixCandidates, SuffixTrie
-from specdec_lab.method import SuffixSettings
+from specdec_lab.method import HybridSettings, SuffixSettings
 from specdec_lab.models import check_same_tokenizer
 from specdec_lab.sampling import GREEDY, Sampling, probabilities
 from tiny import PROMPT, copy_llama, tiny_llama
@@ -766,7 +766,8 @@ def test_a_hybrid_starts_a_request_from_the_trees_record_over_the_earlier_ones()
     assert record.accepted == 0 and record.expected > 4, record
     following = steep_suffix_hybrid(suffix_record=record)
     following.reset(vocab_size=None)
-    assert following.suffix_trust() == pytest.approx(record.trust()) and record.trust() < 0.35
+    prior_tokens = HybridSettings.suffix_prior_tokens
+    assert following.suffix_trust() == pytest.approx(record.trust(prior_tokens)) and record.trust(prior_tokens) < 0.35
     following.propose(LONG_MATCH, 8, GREEDY, None)
     fresh = steep_suffix_hybrid()
     fresh.propose(LONG_MATCH, 8, GREEDY, None)
@@ -775,7 +776,24 @@ def test_a_hybrid_starts_a_request_from_the_trees_record_over_the_earlier_ones()
     alone = steep_suffix_hybrid()
     rejected_rounds(alone)
     alone.reset(vocab_size=None)
-    assert alone.suffix_trust() == pytest.approx(alone.suffix_record.trust()) and alone.suffix_trust() < 0.35
+    assert alone.suffix_trust() == pytest.approx(alone.suffix_record.trust(prior_tokens)) and alone.suffix_trust() < 0.35
+
+
+@torch.inference_mode()
+def test_a_heavier_suffix_prior_keeps_proposing_trees_through_early_rejections():
+    """`suffix_prior_tokens` weighs the trees' prior trust against what the request measured: at the default (2), a
+    few rejected trees (the first one cuts the trust from 1 to 0.57) make plain steps worth more; weighed as 32
+    tokens, the trees keep proposing through the same 6 rejections (in 02 on the AMX Xeon, one rejected tree at a
+    request's first step handed code answers to the draft). Catches the setting not reaching the trust (both would
+    behave alike), and the weight applied to the request's own evidence as well (the default would stop as late)."""
+    light, heavy = steep_suffix_hybrid(), steep_suffix_hybrid(suffix_prior_tokens=32.0)
+    for candidates in (light, heavy):
+        rejected_rounds(candidates, count=6)
+    assert heavy.suffix_trust() > 0.4 > 0.2 > light.suffix_trust()
+    assert set(light.sources[-3:]) == {"nothing"} and set(heavy.sources) == {"suffix decoding"}, (light.sources,
+                                                                                                  heavy.sources)
+    with pytest.raises(ValueError, match="suffix_prior_tokens"):
+        steep_suffix_hybrid(suffix_prior_tokens=0)
 
 
 class CheckedHybrid(HybridCandidates):

@@ -255,7 +255,8 @@ def test_the_line_ups_and_the_pickers_hybrid_carry_one_trees_record_from_call_to
     """Every call of the line-up's hybrid, and every calibration prompt the picker replays it on, builds a new
     source over one `SuffixTrackRecord`, so a request starts from the trees' acceptance over the earlier ones, and
     the picker predicts what the line-up runs. Catches a record built per call (each request would take the trees at
-    face value again) and a picker that carries none while the line-up does."""
+    face value again), a picker that carries none while the line-up does, and the settings' weight of the trees'
+    prior left behind by either."""
     from specdec_lab.decoders.candidates import HybridCandidates
     from specdec_lab.experiments import picker
 
@@ -271,14 +272,17 @@ def test_the_line_ups_and_the_pickers_hybrid_carry_one_trees_record_from_call_to
     model = tiny_llama(0, **SMALL)
     target = LoadedModel("tiny", model, None, None)
     draft = LoadedModel("tiny draft", tiny_llama(1, layers=1), None, None)
-    method = lineups.hybrid(target, draft, 3, 4, 12, cost_ratio=0.99, settings=HybridSettings(0.1, False),
+    settings = HybridSettings(0.1, False, suffix_prior_tokens=32.0)
+    method = lineups.hybrid(target, draft, 3, 4, 12, cost_ratio=0.99, settings=settings,
                             suffix_k=8, suffix=SuffixSettings(max_depth=8, spec_factor=4.0))
     method.decode(PROMPT)
     method.decode([*PROMPT, 3])
-    candidate = picker.hybrid_candidate(3, 4, 0.99, HybridSettings(0.1, False), suffix_k=8,
+    candidate = picker.hybrid_candidate(3, 4, 0.99, settings, suffix_k=8,
                                         suffix=SuffixSettings(max_depth=8, spec_factor=4.0))
     candidate.make(None), candidate.make(None)
     line_up, replayed = built[:2], built[2:]
     assert line_up[0] is not line_up[1] and line_up[0].suffix_record is line_up[1].suffix_record
     assert replayed[0] is not replayed[1] and replayed[0].suffix_record is replayed[1].suffix_record
     assert line_up[0].suffix_record is not replayed[0].suffix_record
+    # and both weigh the trees' prior as the picker's settings say
+    assert {source.suffix_prior_tokens for source in built} == {32.0}

@@ -547,11 +547,6 @@ class PromptLookupTreeCandidates(PromptLookupCandidates):
         self.lengths[self.kind].update(num_accepted, self.proposed_depth)
 
 
-# The suffix trees' record is weighed as if over 2 expected tokens before any evidence: their probabilities are counts
-# over few occurrences (a continuation seen once has probability 1), so a few rejected proposals should stop them.
-SUFFIX_PRIOR_TOKENS = 2.0
-
-
 @dataclass
 class SuffixTrackRecord:
     """What the target accepted of the suffix trees' proposals, against what the trees' counts expected of them
@@ -563,9 +558,9 @@ class SuffixTrackRecord:
     accepted: int = 0
     expected: float = 0.0
 
-    def trust(self) -> float:
-        """The share of the expected tokens accepted, from SUFFIX_PRIOR_TOKENS accepted as expected; at most 1."""
-        return min(1.0, (self.accepted + SUFFIX_PRIOR_TOKENS) / (self.expected + SUFFIX_PRIOR_TOKENS))
+    def trust(self, prior_tokens: float) -> float:
+        """The share of the expected tokens accepted, from `prior_tokens` accepted as expected; at most 1."""
+        return min(1.0, (self.accepted + prior_tokens) / (self.expected + prior_tokens))
 
 
 class HybridCandidates:
@@ -612,7 +607,8 @@ class HybridCandidates:
                  prior_acceptance: float = HybridSettings.prior_acceptance, prior_tokens: int = 10,
                  explore_every: int = 8, confidence_threshold: float = 0.4,
                  extend_lookups: bool = HybridSettings.extend_lookups, draft=None, prefill_cost_ratio: float = 0.0,
-                 relative_target=None, suffix=None, suffix_record: SuffixTrackRecord | None = None):
+                 relative_target=None, suffix=None, suffix_record: SuffixTrackRecord | None = None,
+                 suffix_prior_tokens: float = HybridSettings.suffix_prior_tokens):
         if not 0 < cost_ratio:
             raise ValueError(f"cost_ratio (draft step / target step) must be > 0, got {cost_ratio}")
         if not prefill_cost_ratio >= 0:
@@ -629,6 +625,10 @@ class HybridCandidates:
         self.suffix = suffix
         # the suffix trees' record over the method's requests (None: this source's own, over its own requests)
         self.suffix_record = suffix_record if suffix_record is not None else SuffixTrackRecord()
+        if not suffix_prior_tokens > 0:
+            raise ValueError(f"suffix_prior_tokens (the weight of the suffix trees' prior trust) must be > 0, "
+                             f"got {suffix_prior_tokens}")
+        self.suffix_prior_tokens = suffix_prior_tokens
         # T(n) / T(1) up to the curve's last measured n, flat beyond (the draft's k grows past the lookup's
         # 2 prompt_lookup_k); None: verifying is taken as free
         self.verify_cost = (verify_costs(relative_target, int(max(dict(relative_target))))
@@ -644,7 +644,7 @@ class HybridCandidates:
         if self.suffix is not None:
             self.suffix.reset(vocab_size)
         self.suffix_accepted, self.suffix_expected = 0, 0.0  # over this request's suffix proposals verified so far
-        self.suffix_prior_trust = self.suffix_record.trust()  # what the earlier requests measured
+        self.suffix_prior_trust = self.suffix_record.trust(self.suffix_prior_tokens)  # what earlier requests measured
         self.draft_accepted, self.draft_proposed = 0, 0
         self.steps_without_draft = 0
         self.draft_seen = 0  # tokens the draft has read (its cache, or its replay's stand-in)
@@ -690,10 +690,10 @@ class HybridCandidates:
 
     def suffix_trust(self) -> float:
         """The share of the tokens the suffix trees expected (their probabilities' sum over this request's proposals
-        verified) that the target accepted, from a prior over SUFFIX_PRIOR_TOKENS at the share the earlier requests
+        verified) that the target accepted, from a prior over `suffix_prior_tokens` at the share the earlier requests
         measured; at most 1."""
-        prior_accepted = self.suffix_prior_trust * SUFFIX_PRIOR_TOKENS
-        return min(1.0, (self.suffix_accepted + prior_accepted) / (self.suffix_expected + SUFFIX_PRIOR_TOKENS))
+        prior_accepted = self.suffix_prior_trust * self.suffix_prior_tokens
+        return min(1.0, (self.suffix_accepted + prior_accepted) / (self.suffix_expected + self.suffix_prior_tokens))
 
     def suffix_gain(self, proposed: int) -> float:
         """Expected tokens of the last suffix proposal (`proposed` nodes) per target step: 1 + its nodes'

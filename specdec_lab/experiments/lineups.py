@@ -260,7 +260,7 @@ def hybrid(target: LoadedModel, draft: LoadedModel, k: int, prompt_lookup_k: int
                                 confidence_threshold=adaptive_threshold, prior_acceptance=settings.prior_acceptance,
                                 extend_lookups=settings.extend_lookups, prefill_cost_ratio=prefill_cost_ratio,
                                 relative_target=relative_target, suffix=suffix_source_of_call(),
-                                suffix_record=suffix_record)
+                                suffix_record=suffix_record, suffix_prior_tokens=settings.suffix_prior_tokens)
     name = name or f"hybrid: {hybrid_label(k, prompt_lookup_k, suffix_k)}{CUT_LABEL if cut else ''} (ours)"
     return with_candidates(target, make, max_new_tokens, sampling, name,
                            hybrid_source(k, prompt_lookup_k, settings, adaptive_threshold, cut, suffix_k, suffix),

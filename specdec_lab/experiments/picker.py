@@ -295,7 +295,8 @@ def hybrid_candidate(k: int, prompt_lookup_k: int, cost_ratio: float, settings: 
                                 draft=TeacherForcedDraft(forecast, k, "heuristic", adaptive_threshold),
                                 prior_acceptance=settings.prior_acceptance, extend_lookups=settings.extend_lookups,
                                 prefill_cost_ratio=prefill_cost_ratio, relative_target=relative_target,
-                                suffix=suffix_source_of_call(), suffix_record=suffix_record)
+                                suffix=suffix_source_of_call(), suffix_record=suffix_record,
+                                suffix_prior_tokens=settings.suffix_prior_tokens)
     cut = relative_target is not None
     model_free = f"suffix tree {suffix_k} nodes" if suffix_k else f"lookup k={prompt_lookup_k}"
     return Candidate(f"hybrid (k from {k}, {model_free}; {settings.label()}){lineups.CUT_LABEL if cut else ''}",
@@ -303,11 +304,21 @@ def hybrid_candidate(k: int, prompt_lookup_k: int, cost_ratio: float, settings: 
                      make)
 
 
-def hybrid_settings_grid(draft_agreement: float) -> list[HybridSettings]:
+# The weights of the suffix trees' prior trust the picker weighs: the default, under which a rejected tree or two
+# stops them (where T(n) is steep, trees taken at face value cost more than they give), and one under which a
+# request's first rejected tree does not (in 02 on the AMX Xeon, each request's first tree, matched on the chat
+# template's end, was rejected, and code answers went to the draft where the trees' later proposals were accepted)
+SUFFIX_PRIOR_GRID = (HybridSettings.suffix_prior_tokens, 32.0)
+
+
+def hybrid_settings_grid(draft_agreement: float, suffix: bool = False) -> list[HybridSettings]:
     """The hybrid defaults the picker weighs: the draft's prior acceptance (its measured agreement,
-    HybridCandidates' 0.6, a sceptical 0.3) and whether lookups that run out are extended by the draft."""
+    HybridCandidates' 0.6, a sceptical 0.3), whether lookups that run out are extended by the draft, and,
+    where the hybrid proposes suffix trees (`suffix`), the weight of their prior trust (`SUFFIX_PRIOR_GRID`)."""
     priors = sorted({round(min(draft_agreement, 0.99), 2), HybridSettings.prior_acceptance, 0.3}, reverse=True)
-    return [HybridSettings(prior, extend) for prior in priors for extend in (True, False)]
+    suffix_priors = SUFFIX_PRIOR_GRID if suffix else (HybridSettings.suffix_prior_tokens,)
+    return [HybridSettings(prior, extend, suffix_prior) for prior in priors for extend in (True, False)
+            for suffix_prior in suffix_priors]
 
 
 def choose_hybrid(calibrations, costs: "Costs", k: int, prompt_lookup_k: int, cost_ratio: float,
@@ -319,7 +330,7 @@ def choose_hybrid(calibrations, costs: "Costs", k: int, prompt_lookup_k: int, co
     `cost_sized`: the hybrid priced by the measured T(n), as the line-up's; `suffix_k`: suffix decoding
     proposing in the lookup's place, as the line-up's."""
     records = []
-    for settings in hybrid_settings_grid(draft_agreement):
+    for settings in hybrid_settings_grid(draft_agreement, suffix=suffix_k > 0):
         candidate = hybrid_candidate(k, prompt_lookup_k, cost_ratio, settings, adaptive_threshold,
                                      costs.draft_prefill_ratio, costs.relative_target if cost_sized else None,
                                      suffix_k, suffix)
@@ -328,7 +339,7 @@ def choose_hybrid(calibrations, costs: "Costs", k: int, prompt_lookup_k: int, co
                         "overall": metrics.geometric_mean(by_category.predicted_speedup)})
     grid = pd.DataFrame(records)
     best = grid.loc[grid.overall.idxmax()]
-    return HybridSettings(float(best.prior_acceptance), bool(best.extend_lookups)), grid
+    return HybridSettings(float(best.prior_acceptance), bool(best.extend_lookups), float(best.suffix_prior_tokens)), grid
 
 
 def rank_acceptance(calibrations: Sequence[Calibration], ranks: int = 4) -> list[float]:
