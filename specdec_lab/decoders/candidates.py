@@ -547,6 +547,12 @@ class PromptLookupTreeCandidates(PromptLookupCandidates):
         self.lengths[self.kind].update(num_accepted, self.proposed_depth)
 
 
+def trusted_share(accepted: float, expected: float, prior_share: float, prior_tokens: float) -> float:
+    """The share of the expected tokens accepted, from a prior of `prior_tokens` accepted at `prior_share`;
+    at most 1."""
+    return min(1.0, (accepted + prior_share * prior_tokens) / (expected + prior_tokens))
+
+
 @dataclass
 class SuffixTrackRecord:
     """What the target accepted of the suffix trees' proposals, against what the trees' counts expected of them
@@ -560,7 +566,7 @@ class SuffixTrackRecord:
 
     def trust(self, prior_tokens: float) -> float:
         """The share of the expected tokens accepted, from `prior_tokens` accepted as expected; at most 1."""
-        return min(1.0, (self.accepted + prior_tokens) / (self.expected + prior_tokens))
+        return trusted_share(self.accepted, self.expected, 1.0, prior_tokens)
 
 
 class HybridCandidates:
@@ -692,8 +698,8 @@ class HybridCandidates:
         """The share of the tokens the suffix trees expected (their probabilities' sum over this request's proposals
         verified) that the target accepted, from a prior over `suffix_prior_tokens` at the share the earlier requests
         measured; at most 1."""
-        prior_accepted = self.suffix_prior_trust * self.suffix_prior_tokens
-        return min(1.0, (self.suffix_accepted + prior_accepted) / (self.suffix_expected + self.suffix_prior_tokens))
+        return trusted_share(self.suffix_accepted, self.suffix_expected, self.suffix_prior_trust,
+                             self.suffix_prior_tokens)
 
     def suffix_gain(self, proposed: int) -> float:
         """Expected tokens of the last suffix proposal (`proposed` nodes) per target step: 1 + its nodes'

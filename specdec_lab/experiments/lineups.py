@@ -247,8 +247,8 @@ def hybrid(target: LoadedModel, draft: LoadedModel, k: int, prompt_lookup_k: int
     of how much of the trees' expected tokens the target accepted in the earlier calls (`SuffixTrackRecord`).
     `cost_ratio` = draft step / target step, measured on this machine (a measurement fed to the source, not part
     of what it is); `settings`: as the draft picker chose them (None: the record's defaults, which are
-    HybridCandidates'); `prefill_cost_ratio` = the draft's
-    prefill per token / target step, another measurement (0: the draft's catch-up is not charged);
+    HybridCandidates'); `prefill_cost_ratio` = the draft's prefill per token / target step, another measurement
+    (0: the draft's catch-up is not charged);
     `relative_target`: the target's measured T(n) / T(1), verifying then priced by it and lookups cut by it."""
     settings = settings or HybridSettings()
     cut = relative_target is not None
