@@ -9,8 +9,9 @@ the target accepted. A draft model and prompt lookup plug in behind it, as chain
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Protocol
 
 import torch
@@ -553,20 +554,37 @@ def trusted_share(accepted: float, expected: float, prior_share: float, prior_to
     return min(1.0, (accepted + prior_share * prior_tokens) / (expected + prior_tokens))
 
 
+SUFFIX_MATCH_KINDS = (1, 2, 4)  # the kinds of suffix match a trust is kept for: 1 token, 2-3, 4 or more
+
+
+def suffix_match_kind(match_length: int) -> int:
+    """The kind of a suffix proposal's match. Replayed on 02's answers (AMX Xeon, sixteenth session), the target
+    accepted 0.2-0.7 of what the trees' counts expected after a one-token match, and up to twice that after a
+    match of 4 or more on code: one trust for all let a rejected one-token match (the newline that ends the chat
+    template, continued as it went on in an earlier answer's code block) cut the trust in the long matches that follow."""
+    return max((kind for kind in SUFFIX_MATCH_KINDS if match_length >= kind), default=SUFFIX_MATCH_KINDS[0])
+
+
 @dataclass
 class SuffixTrackRecord:
     """What the target accepted of the suffix trees' proposals, against what the trees' counts expected of them
-    (the sum of their nodes' probabilities), over a method's requests so far. The method's calls share one, as they
-    share the tree of earlier answers: each request starts from the trust the run has measured, so the first
-    step of every request does not go to trees taken at face value again (on math and chat, the twelfth
-    session's run gave each request's first step to a 16-node tree the target rejected)."""
+    (the sum of their nodes' probabilities), by kind of match (`suffix_match_kind`), over a method's requests so
+    far. The method's calls share one, as they share the tree of earlier answers: each request starts from the
+    trust the run has measured, so the first step of every request does not go to trees taken at face value
+    again (on math and chat, the twelfth session's run gave each request's first step to a 16-node tree the
+    target rejected)."""
 
-    accepted: int = 0
-    expected: float = 0.0
+    accepted: Counter = field(default_factory=Counter)  # by kind of match
+    expected: Counter = field(default_factory=Counter)
 
-    def trust(self, prior_tokens: float) -> float:
-        """The share of the expected tokens accepted, from `prior_tokens` accepted as expected; at most 1."""
-        return trusted_share(self.accepted, self.expected, 1.0, prior_tokens)
+    def add(self, kind: int, accepted: int, expected: float) -> None:
+        self.accepted[kind] += accepted
+        self.expected[kind] += expected
+
+    def trust(self, kind: int, prior_tokens: float) -> float:
+        """The share of the expected tokens accepted after a match of this kind, from `prior_tokens` accepted as
+        expected; at most 1."""
+        return trusted_share(self.accepted[kind], self.expected[kind], 1.0, prior_tokens)
 
 
 class HybridCandidates:
@@ -582,8 +600,9 @@ class HybridCandidates:
     - **suffix decoding** in prompt lookup's place, where it is given one (`suffix`): its trees match the
       request's own text and the answers given earlier, and its proposal (a tree, never continued by the
       draft) is expected to give 1 + its nodes' estimated probabilities, scaled by the share of what the
-      trees expected that the target accepted: this request's evidence over a prior that is the share measured
-      over the method's earlier requests (`suffix_record`, shared by its calls as the earlier answers are);
+      trees expected that the target accepted after a match of its kind (length: `suffix_match_kind`): this
+      request's evidence over a prior that is the share measured over the method's earlier requests
+      (`suffix_record`, shared by its calls as the earlier answers are);
     - **nothing**, a plain AR step, when neither is expected to pay. Every `explore_every` steps
       without drafting, the draft is tried once, so a drift of the text is noticed.
 
@@ -649,8 +668,11 @@ class HybridCandidates:
         self.lookup.reset(vocab_size)
         if self.suffix is not None:
             self.suffix.reset(vocab_size)
-        self.suffix_accepted, self.suffix_expected = 0, 0.0  # over this request's suffix proposals verified so far
-        self.suffix_prior_trust = self.suffix_record.trust(self.suffix_prior_tokens)  # what earlier requests measured
+        # by kind of match, over this request's suffix proposals verified so far
+        self.suffix_accepted, self.suffix_expected = Counter(), Counter()
+        # by kind of match, what the earlier requests measured
+        self.suffix_prior_trust = {kind: self.suffix_record.trust(kind, self.suffix_prior_tokens)
+                                   for kind in SUFFIX_MATCH_KINDS}
         self.draft_accepted, self.draft_proposed = 0, 0
         self.steps_without_draft = 0
         self.draft_seen = 0  # tokens the draft has read (its cache, or its replay's stand-in)
@@ -694,11 +716,12 @@ class HybridCandidates:
         optimistic = kind + 1  # the match's length
         return 1.0 + (self.lookup.accepted(kind) + optimistic) / (self.lookup.steps(kind) + 1)
 
-    def suffix_trust(self) -> float:
-        """The share of the tokens the suffix trees expected (their probabilities' sum over this request's proposals
-        verified) that the target accepted, from a prior over `suffix_prior_tokens` at the share the earlier requests
-        measured; at most 1."""
-        return trusted_share(self.suffix_accepted, self.suffix_expected, self.suffix_prior_trust,
+    def suffix_trust(self, match_length: int) -> float:
+        """The share of the tokens the suffix trees expected after a match of this kind (their probabilities' sum over
+        this request's proposals verified) that the target accepted, from a prior over `suffix_prior_tokens` at the
+        share the earlier requests measured; at most 1."""
+        kind = suffix_match_kind(match_length)
+        return trusted_share(self.suffix_accepted[kind], self.suffix_expected[kind], self.suffix_prior_trust[kind],
                              self.suffix_prior_tokens)
 
     def suffix_gain(self, proposed: int) -> float:
@@ -711,7 +734,7 @@ class HybridCandidates:
         """The model-free proposal (prompt lookup's, or the suffix trees'), its expected tokens per target step,
         and the origin its tokens are labelled with."""
         if self.suffix is not None:
-            self.suffix.trust = self.suffix_trust()  # the proposal is cut and weighed at the acceptance seen so far
+            self.suffix.trust = self.suffix_trust  # the proposal is cut and weighed at the acceptance seen so far
             found = self.suffix.propose(tokens, max_candidates, sampling, rng)
             return found, self.suffix_gain(len(found.token_ids)) if found.token_ids else 0.0, SUFFIX
         found = self.lookup.propose(tokens, max_candidates, sampling, rng)
@@ -782,11 +805,10 @@ class HybridCandidates:
         if self.suffix is not None:  # its trees read every token, whoever proposed it
             self.suffix.update(tokens, num_accepted, num_proposed)
         if self.source == SUFFIX:  # what the trees expected of this proposal, before it was scaled by the trust
-            expected = self.suffix.expected / self.suffix.trust
-            self.suffix_accepted += num_accepted
-            self.suffix_expected += expected
-            self.suffix_record.accepted += num_accepted
-            self.suffix_record.expected += expected
+            kind, expected = suffix_match_kind(self.suffix.proposed.match_length), self.suffix.proposed.counted_score
+            self.suffix_accepted[kind] += num_accepted
+            self.suffix_expected[kind] += expected
+            self.suffix_record.add(kind, num_accepted, expected)
         if self.source in ("prompt lookup", "prompt lookup + draft model"):
             self.lookup.update(tokens, min(num_accepted, self.looked_up), self.looked_up)
         drafted = num_proposed - self.looked_up

@@ -65,19 +65,25 @@ class Speculation:
     parents: list[int] = field(default_factory=list)  # -1: under the sequence's last token
     probs: list[float] = field(default_factory=list)  # each node's estimated probability (its path's product)
     match_length: int = 0
+    trust: float = 1.0  # the factor `probs` were scaled by (`scaled`)
 
     @property
     def score(self) -> float:
         """The expected number of accepted tokens."""
         return sum(self.probs)
 
+    @property
+    def counted_score(self) -> float:
+        """The expected number of accepted tokens by the trees' counts alone, before the trust."""
+        return self.score / self.trust
+
 
 def scaled(speculation: Speculation, trust: float) -> Speculation:
     """The proposal with every node's probability times `trust` (the order of the nodes is kept)."""
-    if trust == 1.0:
-        return speculation
+    if not trust > 0:
+        raise ValueError(f"a suffix proposal's trust must be > 0, got {trust!r}")
     return Speculation(speculation.token_ids, speculation.parents, [p * trust for p in speculation.probs],
-                       speculation.match_length)
+                       speculation.match_length, speculation.trust * trust)
 
 
 def sized(speculation: Speculation, relative_target) -> Speculation:
@@ -85,7 +91,7 @@ def sized(speculation: Speculation, relative_target) -> Speculation:
     probable first, so the kept ones are a tree)."""
     n = nodes_worth_verifying(speculation.probs, relative_target)
     return Speculation(speculation.token_ids[:n], speculation.parents[:n], speculation.probs[:n],
-                       speculation.match_length)
+                       speculation.match_length, speculation.trust)
 
 
 class SuffixTrie:
@@ -198,6 +204,11 @@ class SuffixTrie:
 
 # --- the candidate sources ------------------------------------------------------------------------
 
+def full_trust(match_length: int) -> float:
+    """The trees' counts taken as probabilities, whatever the match."""
+    return 1.0
+
+
 class SuffixCandidates:
     """Our suffix decoding (see the module): k tokens (a tree's nodes, or a path's length) a step."""
 
@@ -208,9 +219,10 @@ class SuffixCandidates:
         if isinstance(k, bool) or not isinstance(k, int) or k < 1:
             raise ValueError(f"suffix decoding's k (tokens proposed a step) must be an integer >= 1, got {k!r}")
         self.k, self.tree, self.settings = k, tree, settings
-        # a factor on the trees' probabilities before a proposal is cut and weighed: 1 here; the hybrid sets it to
-        # the share of what the trees expected that the target accepted (a count over few occurrences is no probability)
-        self.trust = 1.0
+        # a factor on the trees' probabilities before a proposal is cut and weighed, given the proposal's match length:
+        # 1 here; the hybrid sets it to the share, for that length of match, of what the trees expected that the
+        # target accepted (a count over few occurrences is no probability, least of all after a one-token match)
+        self.trust = full_trust
         # T(n) / T(1) for every n a proposal needs, where proposals are cut by the target's cost (None: uncut)
         self.verify_cost = verify_costs(relative_target, k + 1) if relative_target is not None else None
         # the answers this method gave earlier in the process, one per prompt
@@ -225,7 +237,7 @@ class SuffixCandidates:
         self.request = None  # the prompt's tokens, once the first proposal has read them
         self.local = SuffixTrie(self.settings.max_depth)
         self.read = 0  # tokens of the sequence already in the trees
-        self.expected = 0.0  # the last proposal's expected accepted tokens, by the trees' counts (the hybrid weighs it)
+        self.proposed = Speculation()  # the last proposal's part of higher score (the hybrid weighs it, and keeps score)
 
     def propose(self, tokens, max_candidates, sampling, rng) -> Candidates:
         if self.request is None:
@@ -234,23 +246,27 @@ class SuffixCandidates:
             self.local.extend(0, tokens)
             self.read = len(tokens)
         budget = min(self.k, max_candidates)
-        self.expected = 0.0
+        self.proposed = Speculation()
         if budget < 1:
             return Candidates([])
         context = list(tokens[-self.settings.max_depth:])
         rules = dict(max_tokens=budget, spec_factor=self.settings.spec_factor, spec_offset=self.settings.spec_offset,
                      min_token_prob=self.settings.min_token_prob, tree=self.tree)
-        own = scaled(self.local.speculate(context, **rules), self.trust)
-        earlier = scaled(self.history.speculate(context, **rules), self.trust)
+        own, earlier = (self.local.speculate(context, **rules), self.history.speculate(context, **rules))
+        own, earlier = scaled(own, self.trust(own.match_length)), scaled(earlier, self.trust(earlier.match_length))
         if self.verify_cost is not None:
             own, earlier = sized(own, self.verify_cost), sized(earlier, self.verify_cost)
             budget = max(len(own.token_ids), len(earlier.token_ids))  # the merged tree: no larger than either's worth
         # the proposal of higher score is proposed whole; the other's nodes added to a tree are not counted
-        self.expected = max(own.score, earlier.score)
+        self.proposed = own if own.score >= earlier.score else earlier
         if not self.tree:
-            best = own if own.score >= earlier.score else earlier
-            return Candidates(best.token_ids)
+            return Candidates(self.proposed.token_ids)
         return merged(own, earlier, budget)
+
+    @property
+    def expected(self) -> float:
+        """The last proposal's expected accepted tokens: its trees' counts, times the trust."""
+        return self.proposed.score
 
     def update(self, tokens, num_accepted, num_proposed) -> None:
         new = tokens[self.read:]
