@@ -14,6 +14,7 @@ from specdec_lab.decoders.backend import open_sequence
 from specdec_lab.decoders.suffix import SuffixCandidates, SuffixTrie
 from specdec_lab.method import HybridSettings, SuffixSettings
 from specdec_lab.models import check_same_tokenizer
+from specdec_lab.result import SUFFIX
 from specdec_lab.sampling import GREEDY, Sampling, probabilities
 from tiny import PROMPT, copy_llama, tiny_llama
 
@@ -656,6 +657,29 @@ def test_hybrid_charges_the_drafts_prefill_against_the_tokens_left():
     for candidates in (free, charged):
         assert speculative.generate(TARGET, candidates, long_prompt, 12, stop_ids=[]).tokens == expected
     assert "draft model" in free.sources and not any("draft" in source for source in charged.sources)
+
+
+def test_a_model_free_proposal_wins_against_a_draft_that_must_first_read_the_prompt():
+    """The draft's speedup is weighed net of its catch-up, spread over the tokens left: a model-free proposal worth
+    more than that, though less than the draft's speedup once caught up, is taken; with no prefill to pay, the draft
+    is. Catches the catch-up charged only in whether drafting pays at all, not against the other source (on 02's
+    code prompts the draft's prefill of the prompt bought the 3 tokens of a code block's opening, and the suffix
+    trees copied the rest a step later)."""
+    long_prompt = PROMPT + [20 + i % 40 for i in range(60)]
+    left = 12
+    charged = hybrid(prior_acceptance=0.9, cost_ratio=0.1, prefill_cost_ratio=0.05)
+    charged.reset(vocab_size=None)
+    speedup = charged.draft_speedup(charged.draft_length(min(charged.draft.length.k, left - 1)))
+    net = charged.net_draft_speedup(long_prompt, left, speedup)
+    assert net == pytest.approx(left / (left / speedup + 0.05 * (len(long_prompt) - 2))) and 1 < net < speedup - 0.5
+    chosen = []
+    for candidates in (charged, hybrid(prior_acceptance=0.9, cost_ratio=0.1)):
+        candidates.reset(vocab_size=None)
+        candidates.model_free = lambda *args: (Candidates([7, 8]), (net + speedup) / 2, SUFFIX)
+        with torch.inference_mode():
+            candidates.propose(long_prompt, left - 1, GREEDY, None)
+        chosen += candidates.sources
+    assert chosen == ["suffix decoding", "draft model"]
 
 
 def suffix_hybrid(draft=DRAFT, history=None, **kwargs):

@@ -615,9 +615,10 @@ class HybridCandidates:
     The draft reads every token it has not seen before it proposes: the whole prompt the first time,
     and all that lookup or plain steps added since it last drafted. At `prefill_cost_ratio` target steps
     a token (the draft's prefill per token over the target's AR step, measured), that catch-up is
-    charged against what drafting is expected to save over the tokens left; the draft runs (or is
-    explored) only where the saving exceeds it. On a long prompt with few tokens to generate the
-    draft's prefill can cost more than drafting gives back.
+    charged against the tokens left: the draft's speedup is weighed net of it (`net_draft_speedup`), so
+    it runs (or is explored) only where drafting saves more than the catch-up costs, and a model-free
+    proposal worth more than the net speedup wins against it. On a long prompt with few tokens to
+    generate the draft's prefill can cost more than drafting gives back.
 
     Given the target's measured cost curve, `relative_target` (T(n) / T(1)), verifying is no longer taken
     as free: the lookups are cut to the tokens worth verifying (`PromptLookupCandidates`), a lookup is
@@ -744,10 +745,11 @@ class HybridCandidates:
         """Target steps the draft spends reading what it has not seen, beyond the 1-2 tokens of a step."""
         return self.prefill_cost_ratio * max(0, len(tokens) - self.draft_seen - 2)
 
-    def drafting_pays(self, tokens, left: int, speedup: float) -> bool:
-        """Drafting for the `left` tokens to come saves left * (1 - 1 / speedup) target steps: more than
-        the catch-up costs?"""
-        return speedup > 1.0 and left * (1 - 1 / speedup) > self.catch_up_cost(tokens)
+    def net_draft_speedup(self, tokens, left: int, speedup: float) -> float:
+        """The draft's speedup over the `left` tokens to come with its catch-up counted, as if it made them all (the
+        most the catch-up can be spread over): left / (left / speedup + catch-up). Above 1 exactly where drafting
+        saves more target steps, left * (1 - 1 / speedup), than the catch-up costs."""
+        return left / (left / speedup + self.catch_up_cost(tokens))
 
     def propose(self, tokens, max_candidates, sampling, rng) -> Candidates:
         self.source, self.looked_up = "nothing", 0
@@ -755,10 +757,13 @@ class HybridCandidates:
             return self._chosen(Candidates([]))
         found, gain, origin = self.model_free(tokens, max_candidates, sampling, rng)
         draft_k = self.draft_length(min(self.draft.length.k, max_candidates))
-        draft_speedup = self.draft_speedup(draft_k)
+        # net of its catch-up: a model-free proposal worth more wins, though the draft would be faster once caught up
+        # (on 02's code prompts its prefill of the prompt bought the 3 tokens of a code block's opening, and the
+        # suffix trees copied the rest)
+        draft_speedup = self.net_draft_speedup(tokens, max_candidates + 1, self.draft_speedup(draft_k))
         # exploring is cheap only while the draft has (nearly) caught up: no prefill is spent on a probe
         explore = self.steps_without_draft >= self.explore_every and self.catch_up_cost(tokens) <= self.cost_ratio
-        pays = self.drafting_pays(tokens, max_candidates + 1, draft_speedup)
+        pays = draft_speedup > 1.0
         if found.token_ids and gain >= max(draft_speedup if pays else 1.0, 1.0):
             looked_up = found.token_ids
             self.source, self.looked_up = origin, len(looked_up)
