@@ -669,8 +669,7 @@ class HybridCandidates:
         self.lookup.reset(vocab_size)
         if self.suffix is not None:
             self.suffix.reset(vocab_size)
-        # by kind of match, over this request's suffix proposals verified so far
-        self.suffix_accepted, self.suffix_expected = Counter(), Counter()
+        self.suffix_request = SuffixTrackRecord()  # over this request's suffix proposals verified so far
         # by kind of match, what the earlier requests measured
         self.suffix_prior_trust = {kind: self.suffix_record.trust(kind, self.suffix_prior_tokens)
                                    for kind in SUFFIX_MATCH_KINDS}
@@ -722,8 +721,8 @@ class HybridCandidates:
         this request's proposals verified) that the target accepted, from a prior over `suffix_prior_tokens` at the
         share the earlier requests measured; at most 1."""
         kind = suffix_match_kind(match_length)
-        return trusted_share(self.suffix_accepted[kind], self.suffix_expected[kind], self.suffix_prior_trust[kind],
-                             self.suffix_prior_tokens)
+        return trusted_share(self.suffix_request.accepted[kind], self.suffix_request.expected[kind],
+                             self.suffix_prior_trust[kind], self.suffix_prior_tokens)
 
     def suffix_gain(self, proposed: int) -> float:
         """Expected tokens of the last suffix proposal (`proposed` nodes) per target step: 1 + its nodes'
@@ -811,9 +810,8 @@ class HybridCandidates:
             self.suffix.update(tokens, num_accepted, num_proposed)
         if self.source == SUFFIX:  # what the trees expected of this proposal, before it was scaled by the trust
             kind, expected = suffix_match_kind(self.suffix.proposed.match_length), self.suffix.proposed.counted_score
-            self.suffix_accepted[kind] += num_accepted
-            self.suffix_expected[kind] += expected
-            self.suffix_record.add(kind, num_accepted, expected)
+            for record in (self.suffix_request, self.suffix_record):
+                record.add(kind, num_accepted, expected)
         if self.source in ("prompt lookup", "prompt lookup + draft model"):
             self.lookup.update(tokens, min(num_accepted, self.looked_up), self.looked_up)
         drafted = num_proposed - self.looked_up

@@ -252,7 +252,7 @@ class SuffixCandidates:
         context = list(tokens[-self.settings.max_depth:])
         rules = dict(max_tokens=budget, spec_factor=self.settings.spec_factor, spec_offset=self.settings.spec_offset,
                      min_token_prob=self.settings.min_token_prob, tree=self.tree)
-        own, earlier = (self.local.speculate(context, **rules), self.history.speculate(context, **rules))
+        own, earlier = self.local.speculate(context, **rules), self.history.speculate(context, **rules)
         own, earlier = scaled(own, self.trust(own.match_length)), scaled(earlier, self.trust(earlier.match_length))
         if self.verify_cost is not None:
             own, earlier = sized(own, self.verify_cost), sized(earlier, self.verify_cost)
