@@ -249,3 +249,19 @@ def test_the_picker_weighs_the_suffix_trees_prior_only_for_a_hybrid_that_has_the
     costs = picker.Costs(pd.Series({1: 1.0, 32: 1.0}), 0.2)
     settings, grid = picker.choose_hybrid([], costs, 5, 10, 0.2, 0.9, cost_sized=True, suffix_k=16)
     assert settings.suffix_prior_tokens == heaviest and len(grid) == len(with_trees)
+
+
+def test_the_hybrids_prior_acceptance_is_the_drafts_measured_agreement(monkeypatch):
+    """The picker does not choose the draft's prior acceptance by replay: every setting it weighs starts from the
+    draft's teacher-forced agreement, and a fixed prior predicted faster cannot be chosen. Catches a grid that brings
+    back fixed priors (chosen by noise on 2 prompts a kind) and a choice that drops the measured one."""
+    for agreement in (0.42, 0.9, 1.0):
+        grid = picker.hybrid_settings_grid(agreement, suffix=True)
+        assert {settings.prior_acceptance for settings in grid} == {round(min(agreement, 0.99), 2)}
+    # a prediction that would favour the class default, were it in the grid
+    monkeypatch.setattr(picker, "predict", lambda calibrations, listed, costs: listed[0])
+    monkeypatch.setattr(picker, "per_category", lambda candidate: pd.DataFrame(
+        {"category": ["code"], "predicted_speedup": [3.0 if "prior_acceptance=0.6," in candidate.name else 1.0]}))
+    costs = picker.Costs(pd.Series({1: 1.0, 32: 1.0}), 0.2)
+    settings, _ = picker.choose_hybrid([], costs, 5, 10, 0.2, 0.42, cost_sized=True, suffix_k=16)
+    assert settings.prior_acceptance == 0.42
