@@ -555,6 +555,15 @@ def trusted_share(accepted: float, expected: float, prior_share: float, prior_to
 
 
 SUFFIX_MATCH_KINDS = (1, 2, 4)  # the kinds of suffix match a trust is kept for: 1 token, 2-3, 4 or more
+# A request's first proposal, its opening, is a kind of its own: a chat prompt ends in the template's tail
+# ("<|im_start|>assistant\n"), whose last token alone matches what followed any newline. In 02's runs 6-8 (AMX Xeon,
+# seventeenth session), suffix decoding's opening proposal (4 nodes) was rejected whole in all 45 requests, ours and
+# arctic-inference's alike, and the hybrid's in the 39 it made one, while the adaptive draft's opening was accepted
+# whole in 4 of the 6 code and math requests of each run.
+SUFFIX_OPENING = 0
+# how many expected tokens the record's prior trust in openings (as expected) weighs: a request has one opening, so
+# no evidence of its own to weigh a prior against; the earlier requests' openings decide within one or two
+OPENING_PRIOR_TOKENS = 1.0
 
 
 def suffix_match_kind(match_length: int) -> int:
@@ -602,7 +611,8 @@ class HybridCandidates:
       draft) is expected to give 1 + its nodes' estimated probabilities, scaled by the share of what the
       trees expected that the target accepted after a match of its kind (length: `suffix_match_kind`): this
       request's evidence over a prior that is the share measured over the method's earlier requests
-      (`suffix_record`, shared by its calls as the earlier answers are);
+      (`suffix_record`, shared by its calls as the earlier answers are); a request's first proposal (its opening,
+      `SUFFIX_OPENING`) is trusted as far as the earlier requests' openings were accepted;
     - **nothing**, a plain AR step, when neither is expected to pay. Every `explore_every` steps
       without drafting, the draft is tried once, so a drift of the text is noticed.
 
@@ -676,6 +686,7 @@ class HybridCandidates:
         self.draft_accepted, self.draft_proposed = 0, 0
         self.steps_without_draft = 0
         self.draft_seen = 0  # tokens the draft has read (its cache, or its replay's stand-in)
+        self.opening = True  # the next proposal is the request's first
         self.source, self.looked_up = None, 0
         self.sources: list[str] = []  # the source of every step, for the tables
 
@@ -716,10 +727,17 @@ class HybridCandidates:
         optimistic = kind + 1  # the match's length
         return 1.0 + (self.lookup.accepted(kind) + optimistic) / (self.lookup.steps(kind) + 1)
 
+    def suffix_kind(self, match_length: int) -> int:
+        """The kind of the suffix proposal being made: the request's opening (`SUFFIX_OPENING`), else its match's."""
+        return SUFFIX_OPENING if self.opening else suffix_match_kind(match_length)
+
     def suffix_trust(self, match_length: int) -> float:
         """The share of the tokens the suffix trees expected after a match of this kind (their probabilities' sum over
         this request's proposals verified) that the target accepted, from a prior over `suffix_prior_tokens` at the
-        share the earlier requests measured; at most 1."""
+        share the earlier requests measured; at most 1. At the request's opening: the share the earlier requests'
+        openings measured, from a prior of `OPENING_PRIOR_TOKENS` accepted as expected."""
+        if self.opening:
+            return self.suffix_record.trust(SUFFIX_OPENING, OPENING_PRIOR_TOKENS)
         kind = suffix_match_kind(match_length)
         return trusted_share(self.suffix_request.accepted[kind], self.suffix_request.expected[kind],
                              self.suffix_prior_trust[kind], self.suffix_prior_tokens)
@@ -752,6 +770,7 @@ class HybridCandidates:
 
     def propose(self, tokens, max_candidates, sampling, rng) -> Candidates:
         self.source, self.looked_up = "nothing", 0
+        self.opening = not self.sources
         if max_candidates < 1:
             return self._chosen(Candidates([]))
         found, gain, origin = self.model_free(tokens, max_candidates, sampling, rng)
@@ -809,7 +828,7 @@ class HybridCandidates:
         if self.suffix is not None:  # its trees read every token, whoever proposed it
             self.suffix.update(tokens, num_accepted, num_proposed)
         if self.source == SUFFIX:  # what the trees expected of this proposal, before it was scaled by the trust
-            kind, expected = suffix_match_kind(self.suffix.proposed.match_length), self.suffix.proposed.counted_score
+            kind, expected = self.suffix_kind(self.suffix.proposed.match_length), self.suffix.proposed.counted_score
             for record in (self.suffix_request, self.suffix_record):
                 record.add(kind, num_accepted, expected)
         if self.source in ("prompt lookup", "prompt lookup + draft model"):
