@@ -45,9 +45,12 @@ class HybridSettings:
     # and a rejected tree or two stops trees taken at face value (counts over few occurrences); many, and one
     # rejected tree at a request's start does not hand the rest of a code answer to the draft
     suffix_prior_tokens: float = 2.0
+    # the draft's proposals: this tree (`shape_label` of the picker's Sequoia shape, which may be a chain), filled as
+    # the line-up's draft tree is; None: the draft's adaptive chain
+    draft_tree: str | None = None
 
     def label(self) -> str:
-        return ", ".join(f"{name}={value}" for name, value in asdict(self).items())
+        return ", ".join(f"{name}={value}" for name, value in asdict(self).items() if value is not None)
 
 
 @dataclass(frozen=True)

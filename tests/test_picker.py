@@ -88,6 +88,32 @@ def test_replayed_hybrid_makes_the_decoders_choices(greedy, relative_target):
     assert replayed_source.sources == real_source.sources and "draft model" in real_source.sources
 
 
+@pytest.mark.parametrize("relative_target", [None, CURVE])
+def test_replayed_hybrid_drafting_a_tree_makes_the_decoders_choices(greedy, relative_target):
+    """The hybrid drafting the picker's tree, replayed with the replayed tree: the same sources and steps as the real
+    one. Catches the replay's hybrid drafting a chain where the line-up's drafts the tree."""
+    shape = [(-1, 0), (-1, 1), (0, 0), (2, 0)]
+
+    def hybrid(draft=None):
+        return HybridCandidates(DRAFT, 3, 4, cost_ratio=0.3, confidence_threshold=0.0, draft=draft,
+                                relative_target=relative_target, draft_tree=shape)
+    real_source = hybrid()
+    proposals = []
+    propose = real_source.propose
+    real_source.propose = lambda *args: proposals.append(propose(*args)) or proposals[-1]
+    real = speculative.generate(TARGET, real_source, PROMPT, 48, stop_ids=[])
+    # a tree was verified: two nodes under one parent
+    assert any(p.parents and len(set(p.parents)) < len(p.parents) for p in proposals)
+    settings = picker.hybrid_settings_grid(0.9, draft_tree="-1:0 -1:1 0:0 2:0")[0]
+    replayed = picker.hybrid_candidate(3, 4, 0.3, settings, adaptive_threshold=0.0, relative_target=relative_target)
+    replayed_source = replayed.make(picker.forecast_draft(DRAFT, PROMPT, greedy))
+    assert isinstance(replayed_source.draft, picker.TeacherForcedTree)
+    replayed_source.prior_acceptance = real_source.prior_acceptance
+    run = picker.replay(replayed_source, PROMPT, greedy, 48)
+    assert (run.proposed, run.accepted) == steps(real)
+    assert replayed_source.sources == real_source.sources and "draft model" in real_source.sources
+
+
 def test_draft_agreement_is_the_teacher_forced_hit_rate(greedy):
     forecast = picker.forecast_draft(DRAFT, PROMPT, greedy)
     calibration = picker.Calibration("p", "code", PROMPT, greedy, 48, 0.5, 0.1, forecast)
@@ -249,6 +275,36 @@ def test_the_picker_weighs_the_suffix_trees_prior_only_for_a_hybrid_that_has_the
     costs = picker.Costs(pd.Series({1: 1.0, 32: 1.0}), 0.2)
     settings, grid = picker.choose_hybrid([], costs, 5, 10, 0.2, 0.9, cost_sized=True, suffix_k=16)
     assert settings.suffix_prior_tokens == heaviest and len(grid) == len(with_trees)
+
+
+def test_the_hybrid_drafts_the_tree_the_picker_sized(monkeypatch):
+    """Every setting the picker weighs carries its tree, the chosen one reaches the line-up, and the line-up's
+    hybrid fills that tree. Catches a choice that drops the field (the line-up would draft chains whatever the
+    picker sized and predicted)."""
+    from specdec_lab.experiments import lineups
+
+    label = "-1:0 -1:1 0:0 2:0"
+    assert {settings.draft_tree for settings in picker.hybrid_settings_grid(0.9, suffix=True, draft_tree=label)} == {label}
+    monkeypatch.setattr(picker, "predict", lambda calibrations, listed, costs: listed[0])
+    monkeypatch.setattr(picker, "per_category", lambda candidate: pd.DataFrame(
+        {"category": ["code"], "predicted_speedup": [2.0 if "extend_lookups=False" in candidate.name else 1.0]}))
+    costs = picker.Costs(pd.Series({1: 1.0, 32: 1.0}), 0.2)
+    settings, grid = picker.choose_hybrid([], costs, 5, 10, 0.2, 0.9, cost_sized=True, suffix_k=16, draft_tree=label)
+    assert settings.draft_tree == label and not settings.extend_lookups and set(grid.draft_tree) == {label}
+    made = []
+
+    class Recorded(HybridCandidates):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            made.append(self)
+    monkeypatch.setattr(lineups, "HybridCandidates", Recorded)
+    loaded = type("Loaded", (), {})
+    target, draft = loaded(), loaded()
+    target.model, draft.model = TARGET, DRAFT
+    method = lineups.hybrid(target, draft, 5, 10, 16, 0.2, settings=settings)
+    assert method.source.hybrid.draft_tree == label and "draft tree, 4 nodes, depth 3" in method.name
+    assert method.decode(PROMPT).tokens == autoregressive.generate(TARGET, PROMPT, 16, stop_ids=None).tokens
+    assert isinstance(made[0].draft, DraftTreeCandidates) and made[0].draft_tree == [(-1, 0), (-1, 1), (0, 0), (2, 0)]
 
 
 def test_the_hybrids_prior_acceptance_is_the_drafts_measured_agreement(monkeypatch):

@@ -897,6 +897,42 @@ def test_hybrid_knows_what_its_draft_has_read():
     assert {"prompt lookup + draft model", "draft model"} <= set(candidates.sources)
 
 
+TREE = [(-1, 0), (-1, 1), (0, 0), (2, 0)]  # the draft's top child (with a second) and two more under it: depth 3
+
+
+def test_a_hybrid_drafting_a_tree_equals_ar_and_knows_what_its_draft_has_read():
+    """Given the picker's tree, the hybrid's draft proposes that tree: lossless, and its catch-up counts only the
+    real tokens (the tree's nodes leave the draft's cache after each proposal). Catches the chain's count kept for a
+    tree (the nodes taken as read) and a tree continuing a lookup (a chain's parents on a tree's nodes)."""
+    repetitive = PROMPT + [3, 4] + PROMPT[1:] + [12, 13] + PROMPT[2:5]
+    for draft in (DRAFT, TARGET):
+        candidates = CheckedHybrid(draft, k=3, prompt_lookup_k=4, prior_acceptance=0.9, cost_ratio=0.1,
+                                   prefill_cost_ratio=0.01, confidence_threshold=0.0, draft_tree=TREE)
+        proposals = []
+        propose = candidates.propose
+        candidates.propose = lambda *args: proposals.append(propose(*args)) or proposals[-1]
+        result = speculative.generate(TARGET, candidates, repetitive, 40, stop_ids=[])
+        assert result.tokens == autoregressive.generate(TARGET, repetitive, 40, stop_ids=[]).tokens
+        assert isinstance(candidates.draft, DraftTreeCandidates)
+        drafted = [proposal for proposal, source in zip(proposals, candidates.sources) if source == "draft model"]
+        assert any(proposal.parents == [-1, -1, 0, 2] for proposal in drafted), drafted
+        assert "prompt lookup + draft model" not in candidates.sources and "prompt lookup" in candidates.sources
+
+
+def test_a_hybrid_counts_a_trees_accepted_path_not_its_side_nodes():
+    """The target drafting for itself: each tree's main path (3 deep) is accepted whole, so the draft's acceptance
+    stays at 1 and no rejection is counted. Catches a tree's side nodes counted as proposed along the path (each
+    step would count one rejection, and the hybrid would draft less as the acceptance fell)."""
+    candidates = hybrid(TARGET, prior_acceptance=0.5, cost_ratio=0.1, confidence_threshold=0.0, draft_tree=TREE,
+                        explore_every=1)
+    result = speculative.generate(TARGET, candidates, PROMPT, 24, stop_ids=[])
+    assert result.tokens == ar(24)
+    drafted_steps = [a for a, source in zip(result.accepted_per_step, candidates.sources) if source == "draft model"]
+    assert 3 in drafted_steps, (drafted_steps, candidates.sources)  # (the last steps may be cut by the tokens left)
+    assert candidates.draft_proposed == candidates.draft_accepted == sum(drafted_steps)
+    assert candidates.draft_acceptance() > 0.5
+
+
 @pytest.mark.usefixtures("unmeasured")
 def test_hybrid_sampling_matches_the_target_distribution():
     """Catches the joined proposal (looked-up tokens, then drafted ones) weighed with the draft's q
@@ -908,6 +944,19 @@ def test_hybrid_sampling_matches_the_target_distribution():
     assert worst < tv_limit(samples), worst
     assert late_rejections >= 20, late_rejections
     assert candidates.sources[0] == "prompt lookup + draft model"
+
+
+@pytest.mark.usefixtures("unmeasured")
+def test_a_hybrid_drafting_a_tree_samples_from_the_target_distribution():
+    """The hybrid's draft tree under sampling: its q rows and parents reach the tree sampler as the draft drew them.
+    Catches the tree passed on as a chain (a sibling's token judged as its brother's child, under the wrong q)."""
+    samples = 600
+    candidates = HybridCandidates(SMALL_DRAFT, k=2, prompt_lookup_k=4, prior_acceptance=0.9, cost_ratio=0.1,
+                                  confidence_threshold=0.0, draft_tree=TREE)
+    worst, late_rejections = worst_tv(candidates, SMALL_PROMPT, Sampling(temperature=1.0), samples)
+    assert worst < tv_limit(samples), worst
+    assert late_rejections >= 20, late_rejections
+    assert "draft model" in candidates.sources
 
 
 def test_hybrid_joined_proposal_covers_looked_up_ids_beyond_a_narrow_draft_head():

@@ -602,10 +602,12 @@ class HybridCandidates:
     - **prompt lookup**, when the sequence's end matches earlier text and matches of that kind
       (length) have been accepted: its proposals cost no model forward;
     - **prompt lookup continued by the draft model**, when a lookup proposal runs out (the match
-      reaches the sequence's end) and drafting pays: the draft continues after the looked-up tokens
-      (`extend_lookups=False` turns this off);
+      reaches the sequence's end) and drafting pays: the draft's chain continues after the looked-up tokens
+      (`extend_lookups=False` turns this off; a draft tree does not continue lookups);
     - **the draft model**, while Leviathan's expected speedup at the draft's acceptance so far
-      (a prior of `prior_acceptance` over `prior_tokens` tokens, then counted) exceeds 1;
+      (a prior of `prior_acceptance` over `prior_tokens` tokens, then counted) exceeds 1: its adaptive chain, or
+      given `draft_tree` (the draft picker's Sequoia shape, which may be a chain) that tree, filled as
+      `DraftTreeCandidates` fills it, with the same confidence stop;
     - **suffix decoding** in prompt lookup's place, where it is given one (`suffix`): its trees match the
       request's own text and the answers given earlier, and its proposal (a tree, never continued by the
       draft) is expected to give 1 + its nodes' estimated probabilities, scaled by the share of what the
@@ -644,7 +646,8 @@ class HybridCandidates:
                  explore_every: int = 8, confidence_threshold: float = 0.4,
                  extend_lookups: bool = HybridSettings.extend_lookups, draft=None, prefill_cost_ratio: float = 0.0,
                  relative_target=None, suffix=None, suffix_record: SuffixTrackRecord | None = None,
-                 suffix_prior_tokens: float = HybridSettings.suffix_prior_tokens):
+                 suffix_prior_tokens: float = HybridSettings.suffix_prior_tokens,
+                 draft_tree: Sequence[tuple[int, int]] | None = None):
         if not 0 < cost_ratio:
             raise ValueError(f"cost_ratio (draft step / target step) must be > 0, got {cost_ratio}")
         if not prefill_cost_ratio >= 0:
@@ -652,9 +655,15 @@ class HybridCandidates:
                              f"got {prefill_cost_ratio}")
         if not 0 <= prior_acceptance < 1:
             raise ValueError(f"prior_acceptance must be in [0, 1), got {prior_acceptance}")
-        # `draft`: another draft candidate source with the same rules (the picker's replayed draft)
-        self.draft = draft if draft is not None else DraftModelCandidates(draft_model, k, "heuristic",
-                                                                           confidence_threshold)
+        # `draft_tree`: (parent, rank) per node, parents first; the draft's proposals are that tree (on chat and short QA
+        # in 02 on the AMX Xeon the picker's tree of 7 nodes beat the adaptive chain by 5%, and the hybrid drafted chains)
+        self.draft_tree = level_order(list(draft_tree)) if draft_tree else None
+        self.tree_depths = depths([parent for parent, _ in self.draft_tree]) if self.draft_tree else []
+        # `draft`: another draft candidate source with the same rules (the picker's replayed draft, chain or tree)
+        if draft is None:
+            draft = (DraftTreeCandidates(draft_model, shape=self.draft_tree, confidence_threshold=confidence_threshold)
+                     if self.draft_tree else DraftModelCandidates(draft_model, k, "heuristic", confidence_threshold))
+        self.draft = draft
         self.lookup = PromptLookupCandidates(prompt_lookup_k, relative_target=relative_target)
         # `suffix`: a suffix-decoding source (`decoders.suffix.SuffixCandidates`) that proposes in the lookup's place:
         # its trees match the request's own text, as the lookup does, and the answers given earlier in the process
@@ -684,6 +693,7 @@ class HybridCandidates:
         self.suffix_prior_trust = {kind: self.suffix_record.trust(kind, self.suffix_prior_tokens)
                                    for kind in SUFFIX_MATCH_KINDS}
         self.draft_accepted, self.draft_proposed = 0, 0
+        self.drafted_depth = 0  # the deepest path of the last draft proposal
         self.steps_without_draft = 0
         self.draft_seen = 0  # tokens the draft has read (its cache, or its replay's stand-in)
         self.opening = True  # the next proposal is the request's first
@@ -699,10 +709,20 @@ class HybridCandidates:
                 / (self.draft_proposed + self.prior_tokens))
 
     def draft_speedup(self, k: int) -> float:
+        """Leviathan's formula for a proposal k deep: a chain's k tokens, or the tree's nodes down to depth k (all
+        verified, one draft forward a level; its expected tokens counted along the main path only, as a chain's)."""
         if self.verify_cost is None:  # verifying k + 1 tokens taken to cost one step
             return predicted_speedup(self.draft_acceptance(), k, self.cost_ratio)
         return (expected_tokens_per_step(self.draft_acceptance(), k)
-                / (cost_at(self.verify_cost, k + 1) + k * self.cost_ratio))
+                / (cost_at(self.verify_cost, self.nodes_down_to(k) + 1) + k * self.cost_ratio))
+
+    def nodes_down_to(self, depth: int) -> int:
+        """The tokens a draft proposal `depth` deep verifies: the tree's nodes down to that depth, or a chain's `depth`."""
+        return sum(node_depth <= depth for node_depth in self.tree_depths) if self.draft_tree else depth
+
+    def longest_draft(self) -> int:
+        """The deepest proposal the draft makes now: the tree's depth, or the chain's adaptive k."""
+        return max(self.tree_depths) if self.draft_tree else self.draft.length.k
 
     def draft_length(self, longest: int) -> int:
         """How many tokens the draft proposes, at most `longest` (its adaptive k, or what is left): given the
@@ -774,7 +794,7 @@ class HybridCandidates:
         if max_candidates < 1:
             return self._chosen(Candidates([]))
         found, gain, origin = self.model_free(tokens, max_candidates, sampling, rng)
-        draft_k = self.draft_length(min(self.draft.length.k, max_candidates))
+        draft_k = self.draft_length(min(self.longest_draft(), max_candidates))
         # net of its catch-up: a model-free proposal worth more wins, though the draft would be faster once caught up
         # (on 02's code prompts its prefill of the prompt bought the 3 tokens of a code block's opening, and the
         # suffix trees copied the rest)
@@ -787,7 +807,8 @@ class HybridCandidates:
             self.source, self.looked_up = origin, len(looked_up)
             room = max_candidates - len(looked_up)
             # only a lookup's chain is continued: a suffix proposal is a tree, and the draft continues one path
-            if origin == PROMPT_LOOKUP and self.extend_lookups and room > 0 and self.lookup.ran_out and (pays or explore):
+            if (origin == PROMPT_LOOKUP and self.extend_lookups and not self.draft_tree and room > 0
+                    and self.lookup.ran_out and (pays or explore)):
                 self.source = "prompt lookup + draft model"
                 drafted = self.draft.propose(list(tokens) + looked_up, room, sampling, rng)
                 self._seen(len(tokens) + len(looked_up), drafted)
@@ -797,12 +818,14 @@ class HybridCandidates:
             self.source = "draft model"
             drafted = self.draft.propose(tokens, draft_k, sampling, rng)
             self._seen(len(tokens), drafted)
+            self.drafted_depth = max(depths(drafted.parents), default=0) if drafted.parents else len(drafted.token_ids)
             return self._chosen(replace(drafted, origins=[DRAFT_MODEL] * len(drafted.token_ids)))
         return self._chosen(Candidates([]))
 
     def _seen(self, length: int, drafted: Candidates) -> None:
-        """The draft read `length` tokens, then each of its proposals but the last (as its cache holds)."""
-        self.draft_seen = length + max(len(drafted.token_ids) - 1, 0)
+        """The draft read `length` tokens, then (a chain) each of its proposals but the last, as its cache holds; a
+        tree's nodes leave the draft's cache after each proposal."""
+        self.draft_seen = length if self.draft_tree else length + max(len(drafted.token_ids) - 1, 0)
 
     def _chosen(self, candidates: Candidates) -> Candidates:
         self.sources.append(self.source)
@@ -835,8 +858,11 @@ class HybridCandidates:
             self.lookup.update(tokens, min(num_accepted, self.looked_up), self.looked_up)
         drafted = num_proposed - self.looked_up
         if "draft" in self.source and drafted > 0 and num_accepted >= self.looked_up:
-            # the draft's tokens were judged only if every looked-up token before them was accepted
+            # the draft's tokens were judged only if every looked-up token before them was accepted; a tree's were judged
+            # along its accepted path, and one more was rejected unless that path reached the tree's deepest node
             accepted = num_accepted - self.looked_up
+            deepest = self.drafted_depth if self.draft_tree else drafted
             self.draft_accepted += accepted
-            self.draft_proposed += accepted + (1 if accepted < drafted else 0)
-            self.draft.length.update(accepted, drafted)
+            self.draft_proposed += accepted + (1 if accepted < deepest else 0)
+            if not self.draft_tree:
+                self.draft.length.update(accepted, drafted)

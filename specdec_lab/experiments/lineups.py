@@ -21,7 +21,7 @@ from specdec_lab.decoders.candidates import (CandidateGenerator, DraftModelCandi
 from specdec_lab.decoders.suffix import ArcticSuffixCandidates, SuffixCandidates, SuffixTrie, arctic_cache
 from specdec_lab.decoders.trees import depths
 from specdec_lab.method import (SCHEDULES, CandidateSource, HybridSettings, LookaheadConfig, Method, SuffixSettings,
-                                TreeSettings, Weights, shape_label)
+                                TreeSettings, Weights, parse_shape, shape_label)
 from specdec_lab.models import LoadedModel, check_same_tokenizer, quantize
 from specdec_lab.sampling import GREEDY, Sampling
 
@@ -108,9 +108,12 @@ def hybrid_suffix(suffix_k: int, suffix: SuffixSettings | None, relative_target=
     return lambda: SuffixCandidates(suffix_k, True, settings, history, relative_target)
 
 
-def hybrid_label(k: int, prompt_lookup_k: int, suffix_k: int = 0) -> str:
+def hybrid_label(k: int, prompt_lookup_k: int, suffix_k: int = 0, draft_tree: str | None = None) -> str:
     """What the hybrid chooses among, for its name."""
     model_free = f"suffix tree <= {suffix_k} nodes" if suffix_k else f"prompt lookup k={prompt_lookup_k}"
+    if draft_tree:
+        shape = parse_shape(draft_tree)
+        return f"{model_free} or draft tree, {len(shape)} nodes, depth {tree_depth(shape)}"
     return f"{model_free} or draft adaptive k from {k}"
 
 
@@ -260,8 +263,10 @@ def hybrid(target: LoadedModel, draft: LoadedModel, k: int, prompt_lookup_k: int
                                 confidence_threshold=adaptive_threshold, prior_acceptance=settings.prior_acceptance,
                                 extend_lookups=settings.extend_lookups, prefill_cost_ratio=prefill_cost_ratio,
                                 relative_target=relative_target, suffix=suffix_source_of_call(),
-                                suffix_record=suffix_record, suffix_prior_tokens=settings.suffix_prior_tokens)
-    name = name or f"hybrid: {hybrid_label(k, prompt_lookup_k, suffix_k)}{CUT_LABEL if cut else ''} (ours)"
+                                suffix_record=suffix_record, suffix_prior_tokens=settings.suffix_prior_tokens,
+                                draft_tree=parse_shape(settings.draft_tree) if settings.draft_tree else None)
+    label = hybrid_label(k, prompt_lookup_k, suffix_k, settings.draft_tree)
+    name = name or f"hybrid: {label}{CUT_LABEL if cut else ''} (ours)"
     return with_candidates(target, make, max_new_tokens, sampling, name,
                            hybrid_source(k, prompt_lookup_k, settings, adaptive_threshold, cut, suffix_k, suffix),
                            lossless, weights)

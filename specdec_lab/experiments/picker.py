@@ -40,7 +40,8 @@ from specdec_lab.decoders.backend import open_sequence, vocab_size as output_row
 from specdec_lab.decoders.common import clock
 from specdec_lab.experiments import lineups
 from specdec_lab.decoders.suffix import SuffixCandidates, SuffixTrie
-from specdec_lab.method import CandidateSource, HybridSettings, SuffixSettings, TreeSettings, source_columns
+from specdec_lab.method import (CandidateSource, HybridSettings, SuffixSettings, TreeSettings, parse_shape,
+                                source_columns)
 from specdec_lab.result import DRAFT_MODEL, PROMPT_LOOKUP
 from specdec_lab.sampling import GREEDY
 
@@ -284,19 +285,22 @@ class Candidate:
 def hybrid_candidate(k: int, prompt_lookup_k: int, cost_ratio: float, settings: HybridSettings,
                      adaptive_threshold: float = 0.4, prefill_cost_ratio: float = 0.0,
                      relative_target=None, suffix_k: int = 0, suffix: SuffixSettings | None = None) -> Candidate:
-    """The hybrid with `settings`, its draft replayed (`relative_target`: verifying priced by it, as the line-up's);
-    given `suffix_k`, suffix decoding proposes in the lookup's place, its earlier answers and its trees' record
-    those of the calibration prompts replayed before (as the line-up's keeps its own)."""
+    """The hybrid with `settings`, its draft replayed (`relative_target`: verifying priced by it, as the line-up's),
+    a chain or (`settings.draft_tree`) that tree; given `suffix_k`, suffix decoding proposes in the lookup's place, its
+    earlier answers and its trees' record those of the calibration prompts replayed before (as the line-up's keeps
+    its own)."""
+    tree = parse_shape(settings.draft_tree) if settings.draft_tree else None
     suffix_source_of_call = lineups.hybrid_suffix(suffix_k, suffix, relative_target)
     suffix_record = SuffixTrackRecord()  # carried over the calibration prompts, as the line-up's over its prompts
 
     def make(forecast):
         return HybridCandidates(None, k, prompt_lookup_k, cost_ratio=cost_ratio, confidence_threshold=adaptive_threshold,
-                                draft=TeacherForcedDraft(forecast, k, "heuristic", adaptive_threshold),
+                                draft=(TeacherForcedTree(forecast, tree, adaptive_threshold) if tree
+                                       else TeacherForcedDraft(forecast, k, "heuristic", adaptive_threshold)),
                                 prior_acceptance=settings.prior_acceptance, extend_lookups=settings.extend_lookups,
                                 prefill_cost_ratio=prefill_cost_ratio, relative_target=relative_target,
                                 suffix=suffix_source_of_call(), suffix_record=suffix_record,
-                                suffix_prior_tokens=settings.suffix_prior_tokens)
+                                suffix_prior_tokens=settings.suffix_prior_tokens, draft_tree=tree)
     cut = relative_target is not None
     model_free = f"suffix tree {suffix_k} nodes" if suffix_k else f"lookup k={prompt_lookup_k}"
     return Candidate(f"hybrid (k from {k}, {model_free}; {settings.label()}){lineups.CUT_LABEL if cut else ''}",
@@ -311,27 +315,31 @@ def hybrid_candidate(k: int, prompt_lookup_k: int, cost_ratio: float, settings: 
 SUFFIX_PRIOR_GRID = (HybridSettings.suffix_prior_tokens, 32.0)
 
 
-def hybrid_settings_grid(draft_agreement: float, suffix: bool = False) -> list[HybridSettings]:
+def hybrid_settings_grid(draft_agreement: float, suffix: bool = False, draft_tree: str | None = None) -> list[HybridSettings]:
     """The hybrid defaults the picker weighs: whether lookups that run out are extended by the draft and, where
     the hybrid proposes suffix trees (`suffix`), the weight of their prior trust (`SUFFIX_PRIOR_GRID`). The draft's
     prior acceptance is not weighed: it is the draft's measured teacher-forced agreement. A fixed prior chosen by
     replay on 2 prompts a kind is chosen by noise (in 02 on the AMX Xeon, 0.6 won by 2% in one run of four, and its
-    hybrid proposed 1-2 draft tokens a step on chat, where the draft's agreement, 0.90, made chains of 5 pay)."""
+    hybrid proposed 1-2 draft tokens a step on chat, where the draft's agreement, 0.90, made chains of 5 pay). Nor is
+    chain against tree: given the tree the picker sized (`draft_tree`, its label), the hybrid drafts it, as the
+    sizing already weighed it against chains at this machine's T(n)."""
     prior = round(min(draft_agreement, 0.99), 2)
     suffix_priors = SUFFIX_PRIOR_GRID if suffix else (HybridSettings.suffix_prior_tokens,)
-    return [HybridSettings(prior, extend, suffix_prior) for extend in (True, False) for suffix_prior in suffix_priors]
+    return [HybridSettings(prior, extend, suffix_prior, draft_tree) for extend in (True, False)
+            for suffix_prior in suffix_priors]
 
 
 def choose_hybrid(calibrations, costs: "Costs", k: int, prompt_lookup_k: int, cost_ratio: float,
                   draft_agreement: float, adaptive_threshold: float = 0.4,
-                  cost_sized: bool = False, suffix_k: int = 0,
-                  suffix: SuffixSettings | None = None) -> tuple[HybridSettings, pd.DataFrame]:
+                  cost_sized: bool = False, suffix_k: int = 0, suffix: SuffixSettings | None = None,
+                  draft_tree: str | None = None) -> tuple[HybridSettings, pd.DataFrame]:
     """The hybrid's defaults: the settings with the highest predicted speedup, a geometric mean over
     categories of each category's geometric mean over prompts (every kind of text counts alike);
     `cost_sized`: the hybrid priced by the measured T(n), as the line-up's; `suffix_k`: suffix decoding
-    proposing in the lookup's place, as the line-up's."""
+    proposing in the lookup's place, as the line-up's; `draft_tree`: the tree the hybrid's draft fills (its label)."""
     records = []
-    for settings in hybrid_settings_grid(draft_agreement, suffix=suffix_k > 0):
+    grid_settings = hybrid_settings_grid(draft_agreement, suffix=suffix_k > 0, draft_tree=draft_tree)
+    for settings in grid_settings:
         candidate = hybrid_candidate(k, prompt_lookup_k, cost_ratio, settings, adaptive_threshold,
                                      costs.draft_prefill_ratio, costs.relative_target if cost_sized else None,
                                      suffix_k, suffix)
@@ -339,8 +347,7 @@ def choose_hybrid(calibrations, costs: "Costs", k: int, prompt_lookup_k: int, co
         records.append({**asdict(settings), **dict(zip(by_category.category, by_category.predicted_speedup)),
                         "overall": metrics.geometric_mean(by_category.predicted_speedup)})
     grid = pd.DataFrame(records)
-    best = grid.loc[grid.overall.idxmax()]
-    return HybridSettings(float(best.prior_acceptance), bool(best.extend_lookups), float(best.suffix_prior_tokens)), grid
+    return grid_settings[int(grid.overall.to_numpy().argmax())], grid
 
 
 def rank_acceptance(calibrations: Sequence[Calibration], ranks: int = 4) -> list[float]:

@@ -143,8 +143,10 @@ def pick(params: dict, target: models.LoadedModel, draft: models.LoadedModel, c:
     key = jsonl.config_hash(params)
     if saved.exists():
         found = json.loads(saved.read_text())
-        # a picker.json from before the source records (no source columns) is computed again
-        if found.get("key") == key and "source_kind" in (found.get("table") or [{}])[0]:
+        # a picker.json from before the source records (no source columns), or from before the hybrid drafted the
+        # picker's tree (no `draft_tree` in its settings), is computed again
+        if (found.get("key") == key and "source_kind" in (found.get("table") or [{}])[0]
+                and "draft_tree" in found.get("hybrid_settings", {})):
             print(f"draft picker: resumed from {saved}")
             return Picked.from_json(found)
     prompts = calibration_prompts(params)
@@ -153,15 +155,17 @@ def pick(params: dict, target: models.LoadedModel, draft: models.LoadedModel, c:
     costs = picker.measure_costs(target.model, c, max_n=max(params["max_new_tokens"], params["tree_nodes"] + 1),
                                  draft=draft.model if params["tree_nodes"] else None, max_draft_n=params["tree_nodes"],
                                  draft_prefill_ratio=prefill_ratio)
-    settings, grid = picker.choose_hybrid(calibrations, costs, params["k"], params["prompt_lookup_k"], c, agreement,
-                                          cost_sized=params["cost_sized"], suffix_k=params["suffix_k"],
-                                          suffix=suffix_settings(params))
-    cut_by = costs.relative_target if params["cost_sized"] else None
     shape = tree_grid = None
     if params["tree_nodes"]:
         shape, tree_grid = picker.size_tree(calibrations, costs, params["tree_nodes"], tree_max_depth(params))
         print(f"draft picker: tree of {len(shape)} nodes sized from T(n) and per-rank acceptance "
               f"{[round(a, 3) for a in picker.rank_acceptance(calibrations)]}: {shape_label(shape)}")
+    # the hybrid's draft fills that tree, as the line-up's draft tree does
+    settings, grid = picker.choose_hybrid(calibrations, costs, params["k"], params["prompt_lookup_k"], c, agreement,
+                                          cost_sized=params["cost_sized"], suffix_k=params["suffix_k"],
+                                          suffix=suffix_settings(params),
+                                          draft_tree=shape_label(shape) if shape else None)
+    cut_by = costs.relative_target if params["cost_sized"] else None
     listed = [*picker.candidates(swept_k(params), params["k"], params["prompt_lookup_k"], c, settings,
                                  prefill_cost_ratio=prefill_ratio, relative_target=cut_by,
                                  suffix_k=params["suffix_k"], suffix=suffix_settings(params)),
