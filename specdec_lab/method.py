@@ -49,6 +49,10 @@ class HybridSettings:
     # the line-up's draft tree is; None: the draft's adaptive chain
     draft_tree: str | None = None
 
+    def draft_tree_shape(self) -> list[tuple[int, int]] | None:
+        """The draft's tree as (parent, rank) per node (`parse_shape`), or None for its chain."""
+        return parse_shape(self.draft_tree) if self.draft_tree else None
+
     def label(self) -> str:
         return ", ".join(f"{name}={value}" for name, value in asdict(self).items() if value is not None)
 

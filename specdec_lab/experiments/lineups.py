@@ -112,8 +112,7 @@ def hybrid_label(k: int, prompt_lookup_k: int, suffix_k: int = 0, draft_tree: st
     """What the hybrid chooses among, for its name."""
     model_free = f"suffix tree <= {suffix_k} nodes" if suffix_k else f"prompt lookup k={prompt_lookup_k}"
     if draft_tree:
-        shape = parse_shape(draft_tree)
-        return f"{model_free} or draft tree, {len(shape)} nodes, depth {tree_depth(shape)}"
+        return f"{model_free} or {draft_tree_label(parse_shape(draft_tree))}"
     return f"{model_free} or draft adaptive k from {k}"
 
 
@@ -184,7 +183,7 @@ def sized_draft_tree(target: LoadedModel, draft: LoadedModel, shape: Sequence[tu
             return DraftTreeCandidates(draft.model, shape=shape, confidence_threshold=confidence_threshold)
     return with_candidates(
         target, make, max_new_tokens, sampling,
-        f"draft tree, {len(shape)} nodes, depth {tree_depth(shape)}{stop}, sized by the picker (ours)",
+        f"{draft_tree_label(shape)}{stop}, sized by the picker (ours)",
         sized_tree_source(shape, confidence_threshold))
 
 
@@ -196,6 +195,11 @@ def sized_tree_source(shape: Sequence[tuple[int, int]], confidence_threshold: fl
 
 def tree_depth(shape: Sequence[tuple[int, int]]) -> int:
     return max(depths([parent for parent, _ in shape]))
+
+
+def draft_tree_label(shape: Sequence[tuple[int, int]]) -> str:
+    """How a method's name gives the draft's fixed tree."""
+    return f"draft tree, {len(shape)} nodes, depth {tree_depth(shape)}"
 
 
 def prompt_lookup_tree(target: LoadedModel, k: int, tree: TreeSettings, max_new_tokens: int,
@@ -264,7 +268,7 @@ def hybrid(target: LoadedModel, draft: LoadedModel, k: int, prompt_lookup_k: int
                                 extend_lookups=settings.extend_lookups, prefill_cost_ratio=prefill_cost_ratio,
                                 relative_target=relative_target, suffix=suffix_source_of_call(),
                                 suffix_record=suffix_record, suffix_prior_tokens=settings.suffix_prior_tokens,
-                                draft_tree=parse_shape(settings.draft_tree) if settings.draft_tree else None)
+                                draft_tree=settings.draft_tree_shape())
     label = hybrid_label(k, prompt_lookup_k, suffix_k, settings.draft_tree)
     name = name or f"hybrid: {label}{CUT_LABEL if cut else ''} (ours)"
     return with_candidates(target, make, max_new_tokens, sampling, name,

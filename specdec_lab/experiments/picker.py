@@ -40,8 +40,7 @@ from specdec_lab.decoders.backend import open_sequence, vocab_size as output_row
 from specdec_lab.decoders.common import clock
 from specdec_lab.experiments import lineups
 from specdec_lab.decoders.suffix import SuffixCandidates, SuffixTrie
-from specdec_lab.method import (CandidateSource, HybridSettings, SuffixSettings, TreeSettings, parse_shape,
-                                source_columns)
+from specdec_lab.method import CandidateSource, HybridSettings, SuffixSettings, TreeSettings, source_columns
 from specdec_lab.result import DRAFT_MODEL, PROMPT_LOOKUP
 from specdec_lab.sampling import GREEDY
 
@@ -289,7 +288,7 @@ def hybrid_candidate(k: int, prompt_lookup_k: int, cost_ratio: float, settings: 
     a chain or (`settings.draft_tree`) that tree; given `suffix_k`, suffix decoding proposes in the lookup's place, its
     earlier answers and its trees' record those of the calibration prompts replayed before (as the line-up's keeps
     its own)."""
-    tree = parse_shape(settings.draft_tree) if settings.draft_tree else None
+    tree = settings.draft_tree_shape()
     suffix_source_of_call = lineups.hybrid_suffix(suffix_k, suffix, relative_target)
     suffix_record = SuffixTrackRecord()  # carried over the calibration prompts, as the line-up's over its prompts
 
