@@ -10,12 +10,12 @@ from specdec_lab import cost_model
 from specdec_lab.decoders import autoregressive, common, speculative, trees
 from specdec_lab.decoders.candidates import (Candidates, DraftLength, DraftModelCandidates, DraftTreeCandidates, HybridCandidates,
                                             PromptLookupCandidates, PromptLookupTreeCandidates, SuffixTrackRecord,
-                                            SUFFIX_OPENING)
+                                            OPENING_CATCH_UP_LIMIT, SUFFIX_OPENING)
 from specdec_lab.decoders.backend import open_sequence
 from specdec_lab.decoders.suffix import SuffixCandidates, SuffixTrie
 from specdec_lab.method import HybridSettings, SuffixSettings
 from specdec_lab.models import check_same_tokenizer
-from specdec_lab.result import SUFFIX
+from specdec_lab.result import PROMPT_LOOKUP, SUFFIX
 from specdec_lab.sampling import GREEDY, Sampling, probabilities
 from tiny import PROMPT, copy_llama, tiny_llama
 
@@ -681,6 +681,22 @@ def test_a_model_free_proposal_wins_against_a_draft_that_must_first_read_the_pro
             candidates.propose(long_prompt, left - 1, GREEDY, None)
         chosen += candidates.sources
     assert chosen == ["suffix decoding", "draft model"]
+
+
+def test_the_draft_does_not_open_a_request_whose_prompt_costs_it_more_than_a_step_to_read():
+    """Reading a 67-token prompt at 0.02 target steps a token (1.3 steps) is worth it over the 24 tokens to come, but
+    not before the answer's first token: the first step is a plain one, the draft drafts from the second on, and the
+    output is AR's. A 7-token prompt (0.1 steps) is opened by the draft. Catches the opening left to the draft
+    whatever its read costs (on 02's code prompts that read bought 3-6 tokens the suffix trees copied a step later),
+    every opening taken from the draft, and a deferral that outlives the opening."""
+    long_prompt = PROMPT + [20 + i % 40 for i in range(60)]
+    assert 0.02 * (len(long_prompt) - 2) > OPENING_CATCH_UP_LIMIT > 0.02 * (len(PROMPT) - 2)
+    for prompt, first in ((long_prompt, "nothing"), (PROMPT, "draft model")):
+        candidates = hybrid(prior_acceptance=0.9, cost_ratio=0.1, prefill_cost_ratio=0.02)
+        candidates.model_free = lambda *args: (Candidates([]), 0.0, PROMPT_LOOKUP)  # the draft or nothing
+        result = speculative.generate(TARGET, candidates, prompt, 24, stop_ids=[])
+        assert result.tokens == autoregressive.generate(TARGET, prompt, 24, stop_ids=[]).tokens
+        assert candidates.sources[:2] == [first, "draft model"], candidates.sources
 
 
 def suffix_hybrid(draft=DRAFT, history=None, **kwargs):

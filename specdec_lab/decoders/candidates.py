@@ -564,6 +564,13 @@ SUFFIX_OPENING = 0
 # how many expected tokens the record's prior trust in openings (as expected) weighs: a request has one opening, so
 # no evidence of its own to weigh a prior against; the earlier requests' openings decide within one or two
 OPENING_PRIOR_TOKENS = 1.0
+# The most the draft's catch-up (in target steps) may cost at a request's opening. The opening is the one step at which
+# nothing of the answer is known; a model-free or plain step costs one target step and shows the answer's first token,
+# after which the sources are weighed as at every step. In 02's run 12 (AMX Xeon, eighteenth session) the hybrid opened
+# 2 of 3 code requests with the draft, whose read of the 129-168-token prompt (1.8-2.3 target steps) bought one step of
+# 3-6 tokens; the suffix trees copied the rest from the next step on, so the read cost 20-32% of those requests. The
+# chat, short-QA and math prompts (44-67 tokens, 0.6-0.9 steps) are still opened by the draft where it pays.
+OPENING_CATCH_UP_LIMIT = 1.0
 
 
 def suffix_match_kind(match_length: int) -> int:
@@ -617,6 +624,10 @@ class HybridCandidates:
       `SUFFIX_OPENING`) is trusted as far as the earlier requests' openings were accepted;
     - **nothing**, a plain AR step, when neither is expected to pay. Every `explore_every` steps
       without drafting, the draft is tried once, so a drift of the text is noticed.
+
+    The draft does not open a request whose prompt costs it more than `OPENING_CATCH_UP_LIMIT` target steps to read:
+    the first step goes to the model-free proposal (or is a plain one), and the draft is weighed from the second step
+    on, when the answer's first token shows whether the text copies what came before.
 
     A lookup proposal from a kind of match that has been accepted on average `a` tokens per step
     (counting one optimistic step that accepted the match's length, 1-4 tokens) is expected to give 1 + a tokens for about one
@@ -804,7 +815,9 @@ class HybridCandidates:
         draft_speedup = self.net_draft_speedup(tokens, max_candidates + 1, self.draft_speedup(draft_k))
         # exploring is cheap only while the draft has (nearly) caught up: no prefill is spent on a probe
         explore = self.steps_without_draft >= self.explore_every and self.catch_up_cost(tokens) <= self.cost_ratio
-        pays = draft_speedup > 1.0
+        # a long prompt's read is not spent before the answer shows whether a model-free source carries it
+        deferred = self.opening and self.catch_up_cost(tokens) > OPENING_CATCH_UP_LIMIT
+        pays = draft_speedup > 1.0 and not deferred
         if found.token_ids and gain >= max(draft_speedup if pays else 1.0, 1.0):
             looked_up = found.token_ids
             self.source, self.looked_up = origin, len(looked_up)
