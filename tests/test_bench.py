@@ -1,5 +1,6 @@
 """The benchmark runner writes every sample at once, resumes, and never mixes configurations."""
 
+import gc
 import json
 from functools import partial
 
@@ -158,3 +159,29 @@ def test_bad_runner_input(tmp_path, kwargs, message):
     arguments = dict(methods=decoders(), prompts=PROMPTS, tokenizer=Tokens(), out=tmp_path / "r.jsonl") | kwargs
     with pytest.raises(ValueError, match=message):
         bench.run(**arguments)
+
+
+def test_methods_are_timed_with_the_loaded_objects_out_of_the_collectors_passes(tmp_path):
+    """Every timed call, of one request or a batch, runs with what existed before the loop frozen out of the cyclic
+    collector, and the freeze is lifted afterwards, also after an interruption. Catches a full pass over the loaded
+    models left to land inside whichever generation crosses the collector's threshold (in 02 the method timed after
+    suffix decoding's tree nodes paid it), and a freeze never lifted (a frozen reference cycle is never freed, and 02
+    frees its bf16 models before loading the fp32 ones)."""
+    model, frozen = tiny_llama(), []
+
+    def decode(prompt_ids):
+        frozen.append(gc.get_freeze_count())
+        return autoregressive.generate(model, prompt_ids, max_new_tokens=4, stop_ids=[])
+
+    def decode_batch(batch):
+        return [decode(prompt_ids) for prompt_ids in batch]
+
+    bench.run([Method("ar", decode, lossless=True, role="target AR")], PROMPTS, Tokens(), tmp_path / "one.jsonl",
+              repeats=1, warmup=0)
+    bench.run_batches([Method("ar", decode_batch, lossless=True, role="target AR")], PROMPTS, Tokens(),
+                      tmp_path / "batches.jsonl", batch_sizes=[1, 2], warmup=0)
+    assert len(frozen) == 2 + 4 and min(frozen) > 0 and gc.get_freeze_count() == 0, frozen
+    with pytest.raises(KeyboardInterrupt):
+        bench.run([Method("ar", Counting(decode, fail_after=1), lossless=True, role="target AR")], PROMPTS, Tokens(),
+                  tmp_path / "cut.jsonl", repeats=1, warmup=0)
+    assert gc.get_freeze_count() == 0

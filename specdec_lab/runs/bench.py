@@ -21,6 +21,7 @@ import pandas as pd
 import torch
 from tqdm.auto import tqdm
 
+from specdec_lab import memory
 from specdec_lab.data import Prompt, encode
 from specdec_lab.machine import cpu_model  # noqa: F401  (bench.cpu_model: the CPU in every row)
 from specdec_lab.method import Method
@@ -112,15 +113,16 @@ def run(
     env, process = environment(), uuid.uuid4().hex[:12]
     done = len(prompts) * repeats - len(units)
     bar = tqdm(units, desc=desc, initial=done, total=done + len(units), unit="prompt")
-    for prompt, repeat in bar:
-        for method in methods:
-            if method.name not in names_on(prompt.id):
-                continue
-            bar.set_postfix_str(method.name)
-            result = method(encoded[prompt.id])
-            jsonl.append(out, result_row(result, tokenizer, run_id=run_id, process=process, **method.labels(),
-                                         prompt_id=prompt.id, category=prompt.category, repeat=repeat,
-                                         config=run_config["config"], env=env))
+    with memory.gc_frozen():  # no collector pass over the models inside one method's timing
+        for prompt, repeat in bar:
+            for method in methods:
+                if method.name not in names_on(prompt.id):
+                    continue
+                bar.set_postfix_str(method.name)
+                result = method(encoded[prompt.id])
+                jsonl.append(out, result_row(result, tokenizer, run_id=run_id, process=process, **method.labels(),
+                                             prompt_id=prompt.id, category=prompt.category, repeat=repeat,
+                                             config=run_config["config"], env=env))
 
     # the file may hold more of this configuration (an earlier run over more prompts or repeats): not asked for now
     complete = complete_units(jsonl.rows_of_run(out, run_id), names_on)
@@ -225,16 +227,17 @@ def run_batches(
                 method(largest)
     env, process = environment(), uuid.uuid4().hex[:12]
     bar = tqdm(todo, desc=desc, initial=len(units) - len(todo), total=len(units), unit="batch")
-    for batch, repeat, group, group_prompts in bar:
-        for method in methods:
-            bar.set_postfix_str(f"b={batch} {method.name}")
-            results = method([encoded[p.id] for p in group_prompts])
-            if len(results) != len(group_prompts):
-                raise ValueError(f"{method.name} returned {len(results)} results for a batch of {len(group_prompts)}")
-            for prompt, result in zip(group_prompts, results):
-                jsonl.append(out, result_row(result, tokenizer, run_id=run_id, process=process, **method.labels(),
-                                             prompt_id=prompt.id, category=prompt.category, batch_size=batch,
-                                             repeat=repeat, group=group, config=run_config["config"], env=env))
+    with memory.gc_frozen():  # no collector pass over the models inside one method's timing
+        for batch, repeat, group, group_prompts in bar:
+            for method in methods:
+                bar.set_postfix_str(f"b={batch} {method.name}")
+                results = method([encoded[p.id] for p in group_prompts])
+                if len(results) != len(group_prompts):
+                    raise ValueError(f"{method.name} returned {len(results)} results for a batch of {len(group_prompts)}")
+                for prompt, result in zip(group_prompts, results):
+                    jsonl.append(out, result_row(result, tokenizer, run_id=run_id, process=process, **method.labels(),
+                                                 prompt_id=prompt.id, category=prompt.category, batch_size=batch,
+                                                 repeat=repeat, group=group, config=run_config["config"], env=env))
     complete = complete_batches(jsonl.rows_of_run(out, run_id), names, members)
     labels = {method.name: method.labels() for method in methods}
     return pd.DataFrame([{**row, **labels[row["decoder"]]} for unit in units for row in complete.get(unit[:3], [])])
