@@ -292,6 +292,39 @@ def test_nondecreasing_pools_the_values_that_break_the_order(values, fitted):
     assert hardware.nondecreasing(values) == pytest.approx(fitted)
 
 
+def test_interleaved_costs_hold_their_ratio_while_the_machine_slows_down(monkeypatch):
+    """A scripted machine on which the draft's step costs 1 s and the target's 2 s, and every forward costs twice as
+    much from the 11th one on (a drift, as a 2-vCPU machine's). Timed in turn, each model sees the slow half alike and
+    the ratio stays 0.5; timed one model after the other (a curve each), the draft's forwards all run fast and the
+    target's all slow, and the ratio comes out 0.25. Also catches a warm-up round kept in the medians."""
+    draft, target = tiny_llama(0), tiny_llama(1)
+    cost = {id(draft): 1.0, id(target): 2.0}
+    now, forwards = [0.0], [0]
+
+    def scripted(model):
+        forward = model.forward
+
+        def timed_forward(*args, **kwargs):
+            if kwargs["input_ids"].shape[1] == 1:  # the timed one-token steps (the prefix prefill is free)
+                forwards[0] += 1
+                now[0] += cost[id(model)] * (2 if forwards[0] >= 11 else 1)
+            return forward(*args, **kwargs)
+        monkeypatch.setattr(model, "forward", timed_forward)
+
+    scripted(draft)
+    scripted(target)
+    monkeypatch.setattr(hardware, "clock", lambda device: now[0])
+    draft_ms, target_ms = hardware.interleaved_forward_costs([(draft, 1), (target, 1)], prefix_tokens=4, repeats=8)
+    assert draft_ms / target_ms == pytest.approx(0.5)
+    assert draft_ms == pytest.approx(1500)  # 4 fast and 4 slow timed steps: the warm-up round's fast one is left out
+
+
+@pytest.mark.parametrize("repeats", [0, -1, 2.5, True])
+def test_interleaved_costs_refuse_a_count_of_rounds_that_is_not_a_positive_integer(repeats):
+    with pytest.raises(ValueError, match="repeats"):
+        hardware.interleaved_forward_costs([(tiny_llama(0), 1)], prefix_tokens=4, repeats=repeats)
+
+
 def test_cost_curve_ratios_come_from_the_nondecreasing_fit(monkeypatch):
     """A scripted clock: T(1) = 3 s above T(2) = 1 s and T(4) = 2 s (the warm-up round takes 1 s each).
     Ratios to the raw T(1) would be 1/3 and 2/3; the fit pools all three at 2 s."""

@@ -26,7 +26,7 @@ from specdec_lab import hardware, metrics, models, token_view
 from specdec_lab.decoders import llama_cpp_peer
 from specdec_lab.decoders.backend import engine as engine_of
 from specdec_lab.experiments import common, lineups
-from specdec_lab.experiments.speculative import draft_prefill_ratio, prompts_of
+from specdec_lab.experiments.speculative import draft_cost_ratio, draft_prefill_ratio, prompts_of
 from specdec_lab.method import Method, Weights
 from specdec_lab.models import dense_path
 from specdec_lab.quality import common_prefix_length
@@ -120,7 +120,7 @@ def run(params: dict) -> EngineTables:
     target_of_ar = {PEER_AR: target_on_llama}  # each AR loop's target, for its bandwidth bound
     for group, where in ((on_llama, f"llama.cpp {target_on_llama.quantization}"), (on_torch, torch_label(on_torch["target"]))):
         engine = engine_of(group["target"].model)
-        cost_ratio = step_ms[(engine, "draft")] / step_ms[(engine, "target")]
+        cost_ratio = draft_cost_ratio(group["target"], group["draft"])  # the two T(1) timed in turn, as in 02
         target_curve = curves[(curves.engine == engine) & (curves.model_role == "target")].set_index("n").ms_fit
         # uncharged, the hybrid's draft explorations read the whole prompt first: on llama.cpp, where drafting never
         # paid, they cost 0.7-0.8x llama.cpp's AR against prompt lookup's 0.9-1.0x (AMD EPYC, AVX-512 BF16)

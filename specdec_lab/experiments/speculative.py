@@ -244,21 +244,22 @@ def tree_config(picked: Picked | None) -> dict:
 
 
 def draft_cost_ratio(target: models.LoadedModel, draft: models.LoadedModel) -> float:
-    """c = draft step / target step: T(1) of each after a 100-token prefix, median of 5, on this
-    machine now. Leviathan's prediction for the k sweep and the hybrid candidate source use it."""
-    cost = [hardware.forward_cost_curve(m.model, [1], prefix_tokens=100, repeats=5).ms.iloc[0] for m in (draft, target)]
-    print(f"draft cost ratio c = {cost[0]:.1f} ms / {cost[1]:.1f} ms = {cost[0] / cost[1]:.3f}")
-    return cost[0] / cost[1]
+    """c = draft step / target step: T(1) of each after a 100-token prefix, the two timed in turn (median of 15 each,
+    `hardware.interleaved_forward_costs`), on this machine now. Leviathan's prediction for the k sweep, the picker and
+    the hybrid candidate source use it: where the draft is near break-even, an error in c decides whether it drafts."""
+    draft_ms, target_ms = hardware.interleaved_forward_costs([(draft.model, 1), (target.model, 1)], prefix_tokens=100)
+    print(f"draft cost ratio c = {draft_ms:.1f} ms / {target_ms:.1f} ms = {draft_ms / target_ms:.3f}")
+    return draft_ms / target_ms
 
 
 def draft_prefill_ratio(target: models.LoadedModel, draft: models.LoadedModel, tokens: int = 64) -> float:
-    """The draft's prefill per token over the target's AR step: a forward of the draft over `tokens`
-    tokens after a 100-token prefix, per token, over T(1) of the target (median of 3 and of 5). The
-    hybrid charges the draft's catch-up (its first prefill of the prompt) at this rate."""
-    draft_ms = hardware.forward_cost_curve(draft.model, [tokens], prefix_tokens=100, repeats=3).ms.iloc[0] / tokens
-    target_ms = hardware.forward_cost_curve(target.model, [1], prefix_tokens=100, repeats=5).ms.iloc[0]
-    print(f"draft prefill: {draft_ms:.1f} ms a token = {draft_ms / target_ms:.3f} target steps")
-    return draft_ms / target_ms
+    """The draft's prefill per token over the target's AR step: a forward of the draft over `tokens` tokens after a
+    100-token prefix, per token, over T(1) of the target, the two timed in turn (median of 7 each). The hybrid charges
+    the draft's catch-up (its first prefill of the prompt) at this rate."""
+    draft_ms, target_ms = hardware.interleaved_forward_costs([(draft.model, tokens), (target.model, 1)],
+                                                             prefix_tokens=100, repeats=7)
+    print(f"draft prefill: {draft_ms / tokens:.1f} ms a token = {draft_ms / tokens / target_ms:.3f} target steps")
+    return draft_ms / tokens / target_ms
 
 
 def hybrid_config(settings: HybridSettings | None) -> dict:
