@@ -98,16 +98,16 @@ def interleaved_forward_costs(forwards: Sequence[tuple[object, int]], prefix_tok
     0.49-0.52. One untimed round warms up first."""
     if isinstance(repeats, bool) or not isinstance(repeats, int) or repeats < 1:
         raise ValueError(f"repeats must be an integer >= 1 (timed rounds), got {repeats!r}")
-    sequences = []
-    for model, _ in forwards:
-        sequence = open_sequence(model)
-        sequence.forward([min(token_id, vocab_size(model) - 1)] * prefix_tokens, keep=1)
-        sequences.append(sequence)
+    # any token costs the same; a tiny vocabulary has few
+    tokens = [min(token_id, vocab_size(model) - 1) for model, _ in forwards]
+    sequences = [open_sequence(model) for model, _ in forwards]
+    for sequence, token in zip(sequences, tokens):
+        sequence.forward([token] * prefix_tokens, keep=1)
     times: list[list[float]] = [[] for _ in forwards]
     for repeat in range(repeats + 1):
-        for (model, n), sequence, spent in zip(forwards, sequences, times):
+        for (model, n), sequence, token, spent in zip(forwards, sequences, tokens, times):
             start = clock(model.device)
-            sequence.forward([min(token_id, vocab_size(model) - 1)] * n, keep=n)
+            sequence.forward([token] * n, keep=n)
             elapsed = clock(model.device) - start
             sequence.crop(prefix_tokens)
             if repeat:  # the first round is the warm-up
